@@ -1,0 +1,2 @@
+// Benchmarks of the attention ladder.
+#include "kernels/bench/harness.h"

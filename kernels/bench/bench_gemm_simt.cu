@@ -1,0 +1,2 @@
+// Benchmarks of the gemm_simt ladder.
+#include "kernels/bench/harness.h"

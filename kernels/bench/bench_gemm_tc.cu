@@ -1,0 +1,2 @@
+// Benchmarks of the gemm_tc ladder.
+#include "kernels/bench/harness.h"

@@ -1,0 +1,2 @@
+// Benchmarks of the gemv ladder.
+#include "kernels/bench/harness.h"

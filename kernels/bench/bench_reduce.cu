@@ -1,0 +1,2 @@
+// Benchmarks of the reduce ladder.
+#include "kernels/bench/harness.h"

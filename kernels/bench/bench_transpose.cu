@@ -1,0 +1,2 @@
+// Benchmarks of the transpose ladder.
+#include "kernels/bench/harness.h"

@@ -1,0 +1,2 @@
+// Tests of the gemm_tc ladder.
+#include "tests/kernels/gpu_test_util.h"

@@ -1,0 +1,2 @@
+// Tests of the transpose ladder.
+#include "tests/kernels/gpu_test_util.h"
