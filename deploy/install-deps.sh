@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what gpucompute needs to build and test on Debian 12 / Ubuntu 24.04:
+# only the packages that are missing. The CUDA toolkit is not installed here:
+# when /usr/local/cuda/bin/nvcc exists the CUDA kernels are built too.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  exec sudo --preserve-env=DEBIAN_FRONTEND "$0" "$@"
+fi
+
+packages=(
+  build-essential cmake ninja-build pkg-config git curl ca-certificates
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev prometheus-cpp-dev libopenblas-dev
+  prometheus
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: everything is installed"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,81 @@
+// Transpose and general axis permutation of dense row-major tensors.
+//
+// The ladder (src/transpose.cu) moves [B, R, C] -> [B, C, R] for 2- and
+// 4-byte elements; LaunchPermute builds the service's Transpose RPC on it:
+// any permutation of up to four axes, routed to a batched row copy when the
+// last axis stays in place, to the transpose ladder when the permutation is a
+// batched 2-D transpose, and to a general gather kernel otherwise.
+#ifndef GPUCOMPUTE_KERNELS_TRANSPOSE_H_
+#define GPUCOMPUTE_KERNELS_TRANSPOSE_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpucompute/kernels/common.h"
+
+namespace gpucompute::kernels {
+
+// out[b][c][r] = in[b][r][c]; both dense row-major, device pointers that do
+// not overlap. Element pointers must be aligned to the element size.
+struct TransposeArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t batch = 1;
+  int64_t rows = 0;  // R
+  int64_t cols = 0;  // C
+  DType dtype = DType::kF32;
+};
+
+// Every rung by name, slowest first:
+//   "naive"          one thread per element, strided writes;
+//   "smem"           32x32 shared-memory tile, bank conflicts on the column read;
+//   "smem_padded"    the same tile padded to [32][33];
+//   "coarsened"      32x8 threads, each moving 4 rows of a padded 32x32 tile;
+//   "coarsened_vec"  16-byte accesses on both sides through a swizzled tile
+//                    (needs rows and cols divisible by 16 / element size and
+//                    16-byte aligned pointers).
+const std::vector<std::string>& TransposeVariants();
+
+// Ok when `variant` (empty = fastest for the arguments) can run `args`;
+// otherwise the reason.
+Support CanImplementTranspose(const TransposeArgs& args, std::string_view variant);
+
+// Enqueues the transpose on `stream`. Returns cudaErrorInvalidValue when
+// CanImplementTranspose refuses, otherwise the launch status. Zero-sized
+// tensors launch nothing.
+cudaError_t LaunchTranspose(const TransposeArgs& args, std::string_view variant,
+                            cudaStream_t stream);
+
+// numpy.transpose semantics: out.shape[i] = in.shape[perm[i]], both dense
+// row-major; entries past `rank` are ignored.
+struct PermuteArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int rank = 0;  // 1..4
+  int64_t shape[4] = {1, 1, 1, 1};
+  int perm[4] = {0, 1, 2, 3};
+  DType dtype = DType::kF32;
+};
+
+// Ok when `perm` is a permutation of 0..rank-1, shapes are non-negative and the
+// pointers are set and aligned to the element size. `variant` must be empty or
+// a transpose variant; it applies when the permutation reduces to a batched
+// 2-D transpose (a variant that cannot run that transpose is refused).
+Support CanImplementPermute(const PermuteArgs& args, std::string_view variant);
+
+// Enqueues the permutation on `stream`. Axes of size 1 are dropped and axes
+// that stay adjacent are merged first; then: identity -> one copy; last axis
+// kept -> batched row copy (16-byte where aligned); a batched 2-D transpose ->
+// LaunchTranspose with `variant`; anything else -> a general kernel that
+// writes coalesced. Returns cudaErrorInvalidValue when CanImplementPermute
+// refuses.
+cudaError_t LaunchPermute(const PermuteArgs& args, std::string_view variant,
+                          cudaStream_t stream);
+
+}  // namespace gpucompute::kernels
+
+#endif  // GPUCOMPUTE_KERNELS_TRANSPOSE_H_

@@ -1,0 +1,82 @@
+// The compute core: plans each operation over the devices, runs the shards
+// concurrently, gathers the result. No protobuf, no gRPC.
+#ifndef GPUCOMPUTE_SERVER_CORE_ENGINE_H_
+#define GPUCOMPUTE_SERVER_CORE_ENGINE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/core/ops.h"
+#include "server/core/planner.h"
+#include "server/device/device.h"
+
+namespace gpucompute {
+
+// Timing of one shard as reported to clients and metrics.
+struct ShardTiming {
+  int device = 0;
+  std::string axis;
+  Range range;
+  ShardRun run;
+};
+
+// The result of one operation.
+struct OpResult {
+  HostTensor output;
+  std::optional<HostTensor> lse;  // attention with return_lse
+  std::vector<ShardTiming> shards;
+  std::string backend;            // "cpu" or "cuda"
+};
+
+// Observer of every shard that ran (the metrics layer implements it).
+class ShardObserver {
+ public:
+  virtual ~ShardObserver() = default;
+  virtual void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
+                       const ShardRun& run) = 0;
+};
+
+class Engine {
+ public:
+  // Takes ownership of `devices` (indices 0..n-1, in order). `backend` names
+  // them ("cpu" or "cuda"). `observer` may be null; it must outlive the engine.
+  // REQUIRES: devices non-empty.
+  Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices,
+         ShardObserver* observer = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Runs one operation. Errors: INVALID_ARGUMENT for an unknown variant or
+  // device index (naming options.variant / options.devices), UNAVAILABLE when
+  // no healthy device is left, or the first shard's error.
+  absl::StatusOr<OpResult> Gemm(const GemmSpec& spec);
+  absl::StatusOr<OpResult> Gemv(const GemvSpec& spec);
+  absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec);
+  absl::StatusOr<OpResult> Transpose(const TransposeSpec& spec);
+  absl::StatusOr<OpResult> Attention(const AttentionSpec& spec);
+
+  const std::string& backend() const { return backend_; }
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+  const Device& device(int i) const { return *devices_[i]; }
+  // True while at least one device is healthy.
+  bool AnyHealthy() const;
+  // Union of the devices' variant names for `op`, fastest first.
+  std::vector<std::string> Variants(OpKind op) const;
+
+ private:
+  // Resolves options.devices (or every healthy device) into indices;
+  // validates options.variant against them.
+  absl::StatusOr<std::vector<int>> SelectDevices(OpKind op, const OpOptions& options) const;
+
+  std::string backend_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  ShardObserver* observer_;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_CORE_ENGINE_H_

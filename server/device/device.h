@@ -1,0 +1,83 @@
+// The Device interface: one compute device (a CPU worker pool or a GPU) that
+// runs one shard of an operation on host tensors. The engine calls it from
+// several threads at once; implementations are thread-safe.
+//
+// Every method computes only its shard and writes only that shard's part of
+// the caller's output buffer (the full output, in options.output_dtype,
+// row-major), so shards of one operation never overlap.
+#ifndef GPUCOMPUTE_SERVER_DEVICE_DEVICE_H_
+#define GPUCOMPUTE_SERVER_DEVICE_DEVICE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/core/ops.h"
+#include "server/core/planner.h"
+
+namespace gpucompute {
+
+// What a device is; reported by GetServerInfo.
+struct DeviceDescription {
+  int index = 0;             // position in the server's device list
+  std::string kind;          // "cpu" or "cuda"
+  std::string name;
+  int64_t memory_bytes = 0;
+  int compute_units = 0;     // SMs or worker threads
+  double weight = 1.0;       // relative compute weight for sharding
+  std::vector<int> peers;    // devices reachable by peer access
+};
+
+// What one shard cost.
+struct ShardRun {
+  std::string variant;          // the variant that ran
+  double kernel_seconds = 0;    // compute time
+  double transfer_seconds = 0;  // data movement time (0 on the CPU)
+  double bytes = 0;             // bytes this shard had to move
+  double flops = 0;             // FLOPs this shard did
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual const DeviceDescription& description() const = 0;
+
+  // False once the device has failed for good; the engine then skips it.
+  virtual bool healthy() const = 0;
+
+  // Variant names this device accepts for `op`, fastest first.
+  virtual std::vector<std::string> Variants(OpKind op) const = 0;
+
+  // Rows `rows` of C (every batch entry) into `c_out`.
+  // Errors: INVALID_ARGUMENT (unknown variant), RESOURCE_EXHAUSTED (out of
+  // memory), INTERNAL (device failure).
+  virtual absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) = 0;
+
+  // Rows `rows` of y into `y_out`.
+  virtual absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* y_out) = 0;
+
+  // Reduces input rows `outer` over the reduced-axis range `axis`.
+  // partial == false: writes final values (out dtype, MEAN divided by
+  //   axis_len) for outer rows `outer` into `out` (the full output buffer).
+  // partial == true: writes fp32 partials ([outer.size(), inner]: sums for
+  //   SUM and MEAN, maxima, minima) into `out` (a float buffer of that size).
+  virtual absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis,
+                                          bool partial, void* out) = 0;
+
+  // Output elements whose flattened index over the first `prefix_axes`
+  // output axes lies in `prefix`, into `out`.
+  virtual absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes,
+                                             Range prefix, void* out) = 0;
+
+  // Query rows `q_rows` of the (batch, head_q) pairs `heads` (flattened
+  // b * heads_q + h) into `o_out`, and into `lse_out` (float [B, Hq, Sq])
+  // when it is not null.
+  virtual absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads,
+                                             Range q_rows, void* o_out, float* lse_out) = 0;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_DEVICE_DEVICE_H_
