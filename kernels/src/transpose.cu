@@ -1,1 +1,818 @@
-// Placeholder: filled in by the transpose ladder.
+// Transpose ladder: [B, R, C] -> [B, C, R] for 2- and 4-byte elements, and the
+// general permutation built on it.
+//
+// What must move: every element read once and written once, 2 * B*R*C * size
+// bytes (16384^2: 2.15 GB fp32, 1.07 GB fp16/bf16); no FLOPs. Floor on the
+// H200: a D2D copy of the same bytes, measured beside each case (0.504 ms for
+// 16384^2 fp32, 0.256 ms for fp16, i.e. ~4.2 TB/s read + write).
+//
+// Versions. MEASURED on the H200, 16384^2, GB/s (read + write) and ratio to
+// the D2D copy, fp32 / fp16 (bf16 the same within 1%); cuBLAS geam fp32 3972
+// (0.93), cuBLASLt MatrixTransform fp32 3488 (0.82) / fp16 2294 (0.55):
+//   naive                  one thread per element, reads coalesced, writes
+//                          strided by R: 473 (0.11) / 277 (0.07).
+//   smem                   32x32 threads stage a 32x32 tile in shared memory;
+//                          both global sides coalesced, the column read hits one
+//                          bank 32 times (16 for 2-byte): 831 (0.20) / 517 (0.12).
+//   smem_padded            tile padded to [32][33]: conflict free: 1105 (0.26) /
+//                          568 (0.14).
+//   coarsened              32x8 threads, each moving 4 rows of the padded tile:
+//                          4 loads in flight per thread: 3277 (0.77) / 1856 (0.44).
+//                          Any shape and alignment: the default when the 16-byte
+//                          rungs cannot run. Batched 64x1024x1024 fp32: 0.84,
+//                          ahead of coarsened_vec (0.77) there.
+//   coarsened_vec          16-byte loads and stores on both global sides through
+//                          an XOR-swizzled tile (conflict free without padding,
+//                          which would break 16-byte alignment); tiles 64x64
+//                          fp32, 128x128 16-bit: 3365 (0.79) / 2141 (0.51).
+//                          Default for fp32.
+//   coarsened_vec_grouped  the same kernel, tiles visited in bands of 16 tile
+//                          rows (R first inside a band) so tiles in flight cover
+//                          a squarish patch: runs of several tiles on both the
+//                          read and the write side: 3205 (0.75, a regression) /
+//                          2671 (0.64, +25%). Default for fp16/bf16.
+//   pipelined              persistent blocks, cp.async straight into the swizzled
+//                          tile, 3 stages (fp32 64x64) or 2 (16-bit 128x128):
+//                          3191 (0.75) / 2318 (0.55). More bytes in flight did
+//                          not help: the limit is the access pattern, not latency.
+//   pipelined_grouped      pipelined with the grouped order: 3204 (0.75) / 2323
+//                          (0.55).
+//   Tried and dropped (an earlier run the same day, pipelined's kernel): fp32 tiles
+//   32x128 and 128x64, 16-bit 64x128 and 64x64, 2 vs 3 vs 4 stages, R-first
+//   tile order: all within 0.74-0.75 (fp32) and 0.53-0.55 (16-bit) of copy.
+// Permute (the Transpose RPC): drop size-1 axes, merge axes that stay adjacent,
+// then route: identity -> cudaMemcpyAsync; last axis kept -> batched row copy
+// (widest vector the row length and pointers allow, a thread group per row,
+// 32-bit multiply-shift index math; [64,512,2048]->(1,0,2) fp32 2996 GB/s, 0.72
+// of copy); batched 2-D transpose -> the ladder above; other patterns -> one
+// thread per output element, writes coalesced, reads gathered ([256,512,512]
+// ->(2,1,0) fp32 893 GB/s, 0.21).
+#include "gpucompute/kernels/transpose.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+namespace gpucompute::kernels {
+namespace {
+
+// Kernel arguments of the transpose ladder. Element offsets are 64-bit.
+struct TransposeParams {
+  const void* in;
+  void* out;
+  int64_t batch, rows, cols;
+  int64_t tiles_r, tiles_c;  // tiles along R and C
+};
+
+// Tile index -> (batch, first row, first col); tiles run fastest along C so
+// neighbouring blocks read neighbouring segments of the same input rows.
+struct TileCoord {
+  int64_t b, r0, c0;
+};
+__device__ __forceinline__ TileCoord DecodeTile(const TransposeParams& p, int64_t t, int tile_r,
+                                                int tile_c) {
+  int64_t tc = t % p.tiles_c;
+  int64_t rest = t / p.tiles_c;
+  int64_t tr = rest % p.tiles_r;
+  return {rest / p.tiles_r, tr * tile_r, tc * tile_c};
+}
+
+// Grouped order: bands of kGroup tile rows; inside a band tiles run along R
+// first, then along C. Tiles in flight at once then cover a squarish patch, so
+// both the input rows they read and the output rows they write come in runs of
+// several tiles instead of one side being scattered over the whole matrix.
+// kGroup == 0 is the plain order of DecodeTile.
+template <int kGroup>
+__device__ __forceinline__ TileCoord DecodeTileOrdered(const TransposeParams& p, int64_t t,
+                                                       int tile_r, int tile_c) {
+  if constexpr (kGroup == 0) {
+    return DecodeTile(p, t, tile_r, tile_c);
+  } else {
+    const int64_t per_matrix = p.tiles_r * p.tiles_c;
+    const int64_t b = t / per_matrix, w = t - b * per_matrix;
+    const int64_t band = w / (kGroup * p.tiles_c);
+    const int64_t first_tr = band * kGroup;
+    const int64_t band_rows = std::min<int64_t>(kGroup, p.tiles_r - first_tr);
+    const int64_t in_band = w - first_tr * p.tiles_c;
+    return {b, (first_tr + in_band % band_rows) * tile_r, (in_band / band_rows) * tile_c};
+  }
+}
+
+// ---- v1: naive -------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(256) TransposeNaiveKernel(TransposeParams p) {
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  const int64_t rc = p.rows * p.cols;
+  const int64_t n = p.batch * rc;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t c = i % p.cols;
+    int64_t rest = i / p.cols;
+    int64_t r = rest % p.rows;
+    int64_t b = rest / p.rows;
+    out[b * rc + c * p.rows + r] = in[i];
+  }
+}
+
+// ---- v2, v3: 32x32 tile, one element per thread ----------------------------
+struct SmemTileConfig {
+  static constexpr int kTile = 32;  // (TILE_R, TILE_C) = (32, 32)
+  static constexpr int kThreadsX = 32, kThreadsY = 32;
+};
+
+template <typename T, int kPad>
+__global__ void __launch_bounds__(1024) TransposeSmemKernel(TransposeParams p) {
+  using Cfg = SmemTileConfig;
+  __shared__ T tile[Cfg::kTile][Cfg::kTile + kPad];
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t total = p.batch * p.tiles_r * p.tiles_c;
+  const int64_t rc = p.rows * p.cols;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    TileCoord tc = DecodeTile(p, t, Cfg::kTile, Cfg::kTile);
+    int64_t r = tc.r0 + ty, c = tc.c0 + tx;
+    if (r < p.rows && c < p.cols) tile[ty][tx] = in[tc.b * rc + r * p.cols + c];
+    __syncthreads();
+    int64_t orow = tc.c0 + ty, ocol = tc.r0 + tx;  // output [C, R]
+    if (orow < p.cols && ocol < p.rows) out[tc.b * rc + orow * p.rows + ocol] = tile[tx][ty];
+    __syncthreads();
+  }
+}
+
+// ---- v4: 32x8 threads, 4 rows each, padded tile -----------------------------
+struct CoarsenedConfig {
+  static constexpr int kTile = 32;  // (TILE_R, TILE_C) = (32, 32)
+  static constexpr int kThreadsX = 32, kThreadsY = 8;
+  static constexpr int kRowsPerThread = kTile / kThreadsY;
+  static_assert(kTile % kThreadsY == 0, "rows per thread must be whole");
+};
+
+template <typename T>
+__global__ void __launch_bounds__(256) TransposeCoarsenedKernel(TransposeParams p) {
+  using Cfg = CoarsenedConfig;
+  __shared__ T tile[Cfg::kTile][Cfg::kTile + 1];
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t total = p.batch * p.tiles_r * p.tiles_c;
+  const int64_t rc = p.rows * p.cols;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    TileCoord tc = DecodeTile(p, t, Cfg::kTile, Cfg::kTile);
+    const T* src = in + tc.b * rc;
+    T* dst = out + tc.b * rc;
+    const int64_t c = tc.c0 + tx;
+    T v[Cfg::kRowsPerThread];
+#pragma unroll
+    for (int k = 0; k < Cfg::kRowsPerThread; ++k) {
+      int64_t r = tc.r0 + ty + k * Cfg::kThreadsY;
+      if (r < p.rows && c < p.cols) v[k] = src[r * p.cols + c];
+    }
+#pragma unroll
+    for (int k = 0; k < Cfg::kRowsPerThread; ++k) {
+      int64_t r = tc.r0 + ty + k * Cfg::kThreadsY;
+      if (r < p.rows && c < p.cols) tile[ty + k * Cfg::kThreadsY][tx] = v[k];
+    }
+    __syncthreads();
+    const int64_t ocol = tc.r0 + tx;
+#pragma unroll
+    for (int k = 0; k < Cfg::kRowsPerThread; ++k) {
+      int64_t orow = tc.c0 + ty + k * Cfg::kThreadsY;
+      if (orow < p.cols && ocol < p.rows)
+        dst[orow * p.rows + ocol] = tile[tx][ty + k * Cfg::kThreadsY];
+    }
+    __syncthreads();
+  }
+}
+
+// ---- v5, v6: 16-byte accesses, swizzled tile -------------------------------
+// A 16-byte chunk holds kVec elements. The tile keeps kChunksPerRow chunks per
+// input row; chunk j of row r sits at slot j ^ ((r / kVec) % 8). Load phase: a
+// quarter warp stores 8 consecutive chunks of one row (a permutation of one
+// aligned group of 8 slots: all 32 banks once). Gather phase: lane l reads
+// column c = cbase + l % kVec of rows kVec * i + k, i = ibase + l / kVec; the
+// XOR spreads the 32 / kVec values of i over distinct slots, so fp32 lanes hit
+// 32 distinct banks and 16-bit lanes 16 banks, lane pairs sharing a word.
+template <typename T, int kTileR_, int kTileC_>
+struct VecTileConfig {
+  static constexpr int kVec = 16 / int(sizeof(T));  // elements per chunk
+  static constexpr int kTileR = kTileR_;            // (TILE_R, TILE_C) input tile
+  static constexpr int kTileC = kTileC_;
+  static constexpr int kThreads = 256;
+  static constexpr int kChunksPerRow = kTileC / kVec;     // input chunks per tile row
+  static constexpr int kOutChunksPerRow = kTileR / kVec;  // output chunks per tile column
+  static constexpr int kChunks = kTileR * kChunksPerRow;
+  static constexpr int kChunksPerThread = kChunks / kThreads;
+  static_assert(kChunksPerRow % 8 == 0, "the swizzle permutes groups of 8 chunks");
+  static_assert(kChunks % kThreads == 0, "chunks per thread must be whole");
+  static_assert(kTileR % kVec == 0, "output chunks must be whole");
+  static_assert(32 % kVec == 0 && (32 / kVec) <= 8, "a warp's rows must fit one swizzle group");
+  static_assert(kOutChunksPerRow % (32 / kVec) == 0, "a warp stays inside one tile column group");
+};
+
+// Tile slot (in chunks) of input chunk j of tile row r.
+template <class Cfg>
+__device__ __forceinline__ int SwizzledSlot(unsigned r, unsigned j) {
+  return int(r * Cfg::kChunksPerRow + (j ^ ((r / Cfg::kVec) & 7)));
+}
+
+// Gather phase shared by v5 and v6: each thread assembles kChunksPerThread
+// 16-byte chunks of output rows from the tile and stores them.
+template <typename T, class Cfg>
+__device__ __forceinline__ void GatherAndStore(const uint4* tile, T* dst, const TransposeParams& p,
+                                               const TileCoord& tc) {
+  constexpr int V = Cfg::kVec;
+  const T* ts = reinterpret_cast<const T*>(tile);
+#pragma unroll
+  for (int m = 0; m < Cfg::kChunksPerThread; ++m) {
+    const int q = threadIdx.x + m * Cfg::kThreads;
+    const int c = q % V + V * (q / (V * Cfg::kOutChunksPerRow));
+    const int i = (q / V) % Cfg::kOutChunksPerRow;
+    const int slot_j = c / V, e = c % V;
+    union {
+      uint4 u;
+      T x[V];
+    } w;
+#pragma unroll
+    for (int k = 0; k < V; ++k)  // row V * i + k: its swizzle group is i
+      w.x[k] = ts[((V * i + k) * Cfg::kChunksPerRow + (slot_j ^ (i & 7))) * V + e];
+    const int64_t orow = tc.c0 + c, ocol = tc.r0 + int64_t(i) * V;
+    if (orow < p.cols && ocol < p.rows)
+      *reinterpret_cast<uint4*>(dst + orow * p.rows + ocol) = w.u;
+  }
+}
+
+template <typename T>
+using VecConfig = VecTileConfig<T, sizeof(T) == 4 ? 64 : 128, sizeof(T) == 4 ? 64 : 128>;
+
+// v5: one tile per block; loads staged through registers.
+template <typename T, int kGroup>
+__global__ void __launch_bounds__(256) TransposeVecKernel(TransposeParams p) {
+  using Cfg = VecConfig<T>;
+  constexpr int V = Cfg::kVec;
+  __shared__ uint4 tile[Cfg::kChunks];
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  const int tid = threadIdx.x;
+  const int64_t total = p.batch * p.tiles_r * p.tiles_c;
+  const int64_t rc = p.rows * p.cols;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    TileCoord tc = DecodeTileOrdered<kGroup>(p, t, Cfg::kTileR, Cfg::kTileC);
+    const T* src = in + tc.b * rc;
+    uint4 v[Cfg::kChunksPerThread];
+#pragma unroll
+    for (int m = 0; m < Cfg::kChunksPerThread; ++m) {
+      int q = tid + m * Cfg::kThreads;
+      int r = q / Cfg::kChunksPerRow, j = q % Cfg::kChunksPerRow;
+      int64_t gr = tc.r0 + r, gc = tc.c0 + int64_t(j) * V;
+      v[m] = make_uint4(0, 0, 0, 0);
+      if (gr < p.rows && gc < p.cols)
+        v[m] = __ldg(reinterpret_cast<const uint4*>(src + gr * p.cols + gc));
+    }
+#pragma unroll
+    for (int m = 0; m < Cfg::kChunksPerThread; ++m) {
+      int q = tid + m * Cfg::kThreads;
+      tile[SwizzledSlot<Cfg>(q / Cfg::kChunksPerRow, q % Cfg::kChunksPerRow)] = v[m];
+    }
+    __syncthreads();
+    GatherAndStore<T, Cfg>(tile, out + tc.b * rc, p, tc);
+    __syncthreads();
+  }
+}
+
+// v6: persistent blocks walk tiles t = blockIdx.x + k * gridDim.x; cp.async
+// copies each tile's chunks straight into the swizzled slots of one of kStages
+// shared-memory stages, kStages - 1 tiles ahead of the gather.
+template <typename T, int kTileR, int kTileC, int kStages, int kGroup>
+struct PipeConfig : VecTileConfig<T, kTileR, kTileC> {
+  static constexpr int kNumStages = kStages;
+  static constexpr int kTileGroup = kGroup;  // tile order, see DecodeTileOrdered
+  static constexpr size_t kSmemBytes = size_t(kStages) * VecTileConfig<T, kTileR, kTileC>::kChunks * 16;
+  static_assert(kStages >= 2, "at least double buffering");
+};
+
+__device__ __forceinline__ void CpAsync16(uint4* smem_dst, const void* gmem_src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_src));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(256) TransposePipeKernel(TransposeParams p) {
+  constexpr int V = Cfg::kVec;
+  constexpr int S = Cfg::kNumStages;
+  extern __shared__ uint4 stages[];  // [S][kChunks]
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  const int64_t total = p.batch * p.tiles_r * p.tiles_c;
+  const int64_t rc = p.rows * p.cols;
+  auto coord = [&](int64_t t) {
+    return DecodeTileOrdered<Cfg::kTileGroup>(p, t, Cfg::kTileR, Cfg::kTileC);
+  };
+  auto issue = [&](int64_t t, int stage) {
+    const TileCoord tc = coord(t);
+    const T* src = in + tc.b * rc;
+    uint4* tile = stages + stage * Cfg::kChunks;
+#pragma unroll
+    for (int m = 0; m < Cfg::kChunksPerThread; ++m) {
+      const int q = threadIdx.x + m * Cfg::kThreads;
+      const int r = q / Cfg::kChunksPerRow, j = q % Cfg::kChunksPerRow;
+      const int64_t gr = tc.r0 + r, gc = tc.c0 + int64_t(j) * V;
+      if (gr < p.rows && gc < p.cols) CpAsync16(tile + SwizzledSlot<Cfg>(r, j), src + gr * p.cols + gc);
+    }
+  };
+  const int64_t stride = gridDim.x;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    const int64_t t = blockIdx.x + s * stride;
+    if (t < total) issue(t, s);
+    CpAsyncCommit();
+  }
+  int stage = 0;
+  for (int64_t t = blockIdx.x; t < total; t += stride) {
+    const int64_t ahead = t + (S - 1) * stride;
+    if (ahead < total) issue(ahead, (stage + S - 1) % S);
+    CpAsyncCommit();
+    CpAsyncWait<S - 1>();  // this thread's copies of tile t have landed
+    __syncthreads();       // and everyone else's
+    const TileCoord tc = coord(t);
+    GatherAndStore<T, Cfg>(stages + stage * Cfg::kChunks, out + tc.b * rc, p, tc);
+    __syncthreads();  // the stage is refilled by the next iteration's issue
+    stage = (stage + 1) % S;
+  }
+  CpAsyncWait<0>();
+}
+
+// ---- Permute helpers --------------------------------------------------------
+// n / d and n % d for 0 <= n, d < 2^31 with a multiply-high and a shift
+// (round-up reciprocal: q = (umulhi(n, m) + n) >> s, s = ceil(log2 d),
+// m = floor(2^32 (2^s - d) / d) + 1).
+struct FastDivmod {
+  uint32_t div = 1, mul = 1, shift = 0;
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t d) : div(d) {
+    while ((uint64_t(1) << shift) < d) ++shift;
+    mul = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t Div(uint32_t n) const { return (__umulhi(n, mul) + n) >> shift; }
+};
+
+constexpr int64_t kFastLimit = int64_t(1) << 31;
+
+// Batched row copy: output row k (row-major over the first nd output axes) is
+// input row sum_d coord_d * stride[d] (in vectors of VT). A group of 2^group_log2
+// threads copies one row at a time: the index math is paid once per row.
+struct RowCopyParams {
+  const void* in;
+  void* out;
+  int64_t rows;      // output rows
+  int64_t row_vecs;  // vectors per row
+  int nd;            // output axes before the kept last one (1..3)
+  int group_log2;
+  int64_t dim[3];     // output extents of those axes
+  int64_t stride[3];  // input offset of one step along each, in vectors
+  FastDivmod fdim[3];  // dim[] as FastDivmod, used when kFast32
+};
+
+template <typename VT, bool kFast32>
+__global__ void __launch_bounds__(256) RowCopyKernel(RowCopyParams p) {
+  const VT* in = static_cast<const VT*>(p.in);
+  VT* out = static_cast<VT*>(p.out);
+  const int lane = threadIdx.x & ((1 << p.group_log2) - 1);
+  const int groups = blockDim.x >> p.group_log2;
+  const int64_t first = blockIdx.x * int64_t(groups) + (threadIdx.x >> p.group_log2);
+  for (int64_t row = first; row < p.rows; row += int64_t(gridDim.x) * groups) {
+    int64_t off = 0;
+    if constexpr (kFast32) {
+      uint32_t rest = uint32_t(row);
+      for (int d = p.nd - 1; d >= 0; --d) {
+        const uint32_t q = p.fdim[d].Div(rest);
+        off += int64_t(rest - q * p.fdim[d].div) * p.stride[d];
+        rest = q;
+      }
+    } else {
+      int64_t rest = row;
+      for (int d = p.nd - 1; d >= 0; --d) {
+        const int64_t q = rest / p.dim[d];
+        off += (rest - q * p.dim[d]) * p.stride[d];
+        rest = q;
+      }
+    }
+    const VT* src = in + off;
+    VT* dst = out + row * p.row_vecs;
+    const int g = 1 << p.group_log2;
+    int64_t v = lane;
+    for (; v + 3 * g < p.row_vecs; v += 4 * g) {  // four loads in flight before the stores
+      VT x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = src[v + k * g];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dst[v + k * g] = x[k];
+    }
+    for (; v < p.row_vecs; v += g) dst[v] = src[v];
+  }
+}
+
+// General permutation: one thread per output element (coalesced writes).
+struct GatherParams {
+  const void* in;
+  void* out;
+  int64_t n;
+  int rank;
+  int64_t dim[4];     // output extents
+  int64_t stride[4];  // input stride (elements) of each output axis
+  FastDivmod fdim[4];
+};
+
+template <typename T, bool kFast32>
+__global__ void __launch_bounds__(256) GatherKernel(GatherParams p) {
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off = 0;
+    if constexpr (kFast32) {
+      uint32_t rest = uint32_t(i);
+      for (int d = p.rank - 1; d > 0; --d) {
+        const uint32_t q = p.fdim[d].Div(rest);
+        off += int64_t(rest - q * p.fdim[d].div) * p.stride[d];
+        rest = q;
+      }
+      off += int64_t(rest) * p.stride[0];
+    } else {
+      int64_t rest = i;
+      for (int d = p.rank - 1; d > 0; --d) {
+        const int64_t q = rest / p.dim[d];
+        off += (rest - q * p.dim[d]) * p.stride[d];
+        rest = q;
+      }
+      off += rest * p.stride[0];
+    }
+    out[i] = in[off];
+  }
+}
+
+// ---- Host side --------------------------------------------------------------
+enum class Rung {
+  kNaive, kSmem, kSmemPadded, kCoarsened, kVec, kVecGrouped, kPipe, kPipeGrouped, kUnknown
+};
+
+bool NeedsVectorAccess(Rung r) { return r >= Rung::kVec && r < Rung::kUnknown; }
+
+Rung ParseRung(std::string_view v) {
+  if (v == "naive") return Rung::kNaive;
+  if (v == "smem") return Rung::kSmem;
+  if (v == "smem_padded") return Rung::kSmemPadded;
+  if (v == "coarsened") return Rung::kCoarsened;
+  if (v == "coarsened_vec") return Rung::kVec;
+  if (v == "coarsened_vec_grouped") return Rung::kVecGrouped;
+  if (v == "pipelined") return Rung::kPipe;
+  if (v == "pipelined_grouped") return Rung::kPipeGrouped;
+  return Rung::kUnknown;
+}
+
+bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Tile rows per band in the grouped order (DecodeTileOrdered).
+constexpr int kTileGroup = 16;
+
+unsigned GridFor(int64_t work_items, int64_t per_block) {
+  int64_t g = (work_items + per_block - 1) / per_block;
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(g, INT_MAX)));
+}
+
+Support CheckTranspose(const TransposeArgs& a, Rung rung) {
+  if (rung == Rung::kUnknown) return Support::No("unknown transpose variant");
+  if (!ValidDType(a.dtype)) return Support::No("unsupported dtype");
+  if (a.batch < 0 || a.rows < 0 || a.cols < 0) return Support::No("negative extent");
+  if (a.batch == 0 || a.rows == 0 || a.cols == 0) return Support::Yes();
+  if (a.in == nullptr || a.out == nullptr) return Support::No("null pointer");
+  const size_t es = DTypeSize(a.dtype);
+  if (!Aligned(a.in, es) || !Aligned(a.out, es))
+    return Support::No("pointers must be aligned to the element size");
+  if (NeedsVectorAccess(rung)) {
+    const int64_t v = int64_t(16 / es);
+    if (a.rows % v || a.cols % v)
+      return Support::No("16-byte access needs rows and cols divisible by " + std::to_string(v));
+    if (!Aligned(a.in, 16) || !Aligned(a.out, 16))
+      return Support::No("16-byte access needs 16-byte aligned pointers");
+  }
+  return Support::Yes();
+}
+
+Rung ChooseRung(const TransposeArgs& a, std::string_view variant) {
+  if (!variant.empty()) return ParseRung(variant);
+  // Measured fastest for 16384^2 (see the header): fp32 coarsened_vec, 16-bit
+  // coarsened_vec_grouped; coarsened for shapes the 16-byte rungs refuse.
+  const Rung vec = DTypeSize(a.dtype) == 4 ? Rung::kVec : Rung::kVecGrouped;
+  return CheckTranspose(a, vec) ? vec : Rung::kCoarsened;
+}
+
+// Persistent grid: as many blocks as fit on the machine at once.
+template <typename T, class Cfg>
+cudaError_t LaunchPipe(const TransposeParams& p, cudaStream_t s) {
+  auto* kernel = TransposePipeKernel<T, Cfg>;
+  if (Cfg::kSmemBytes > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(Cfg::kSmemBytes));
+    if (err != cudaSuccess) return err;
+  }
+  static const int per_sm = [&] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
+        cudaSuccess)
+      n = 1;
+    return std::max(n, 1);
+  }();
+  int dev = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (err != cudaSuccess) return err;
+  const int64_t tiles = p.batch * p.tiles_r * p.tiles_c;
+  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(tiles, int64_t(sms) * per_sm)));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchTransposeTyped(const TransposeArgs& a, Rung rung, cudaStream_t s) {
+  TransposeParams p{a.in, a.out, a.batch, a.rows, a.cols, 0, 0};
+  auto tiles = [&](int tr, int tc) {
+    p.tiles_r = (a.rows + tr - 1) / tr;
+    p.tiles_c = (a.cols + tc - 1) / tc;
+    return GridFor(a.batch * p.tiles_r * p.tiles_c, 1);
+  };
+  switch (rung) {
+    case Rung::kNaive:
+      TransposeNaiveKernel<T><<<GridFor(a.batch * a.rows * a.cols, 256), 256, 0, s>>>(p);
+      break;
+    case Rung::kSmem: {
+      unsigned g = tiles(SmemTileConfig::kTile, SmemTileConfig::kTile);
+      TransposeSmemKernel<T, 0>
+          <<<g, dim3(SmemTileConfig::kThreadsX, SmemTileConfig::kThreadsY), 0, s>>>(p);
+      break;
+    }
+    case Rung::kSmemPadded: {
+      unsigned g = tiles(SmemTileConfig::kTile, SmemTileConfig::kTile);
+      TransposeSmemKernel<T, 1>
+          <<<g, dim3(SmemTileConfig::kThreadsX, SmemTileConfig::kThreadsY), 0, s>>>(p);
+      break;
+    }
+    case Rung::kCoarsened: {
+      unsigned g = tiles(CoarsenedConfig::kTile, CoarsenedConfig::kTile);
+      TransposeCoarsenedKernel<T>
+          <<<g, dim3(CoarsenedConfig::kThreadsX, CoarsenedConfig::kThreadsY), 0, s>>>(p);
+      break;
+    }
+    case Rung::kVec:
+    case Rung::kVecGrouped: {
+      using Cfg = VecConfig<T>;
+      unsigned g = tiles(Cfg::kTileR, Cfg::kTileC);
+      if (rung == Rung::kVec) TransposeVecKernel<T, 0><<<g, Cfg::kThreads, 0, s>>>(p);
+      else TransposeVecKernel<T, kTileGroup><<<g, Cfg::kThreads, 0, s>>>(p);
+      break;
+    }
+    case Rung::kPipe:
+    case Rung::kPipeGrouped: {
+      // (TILE_R, TILE_C, stages): fp32 (64, 64, 3), 16-bit (128, 128, 2).
+      constexpr int kTile = sizeof(T) == 4 ? 64 : 128, kStages = sizeof(T) == 4 ? 3 : 2;
+      auto go = [&](auto cfg) {
+        using Cfg = decltype(cfg);
+        tiles(Cfg::kTileR, Cfg::kTileC);
+        return LaunchPipe<T, Cfg>(p, s);
+      };
+      if (rung == Rung::kPipe) return go(PipeConfig<T, kTile, kTile, kStages, 0>{});
+      return go(PipeConfig<T, kTile, kTile, kStages, kTileGroup>{});
+    }
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+// A permutation after dropping size-1 axes and merging axes that stay adjacent:
+// `shape` is the input's (all > 1), out axis i is input axis perm[i].
+struct Canonical {
+  int rank = 0;
+  int64_t shape[4] = {1, 1, 1, 1};
+  int perm[4] = {0, 1, 2, 3};
+};
+
+Canonical Canonicalise(const PermuteArgs& a) {
+  // Drop size-1 axes.
+  int keep_index[4];
+  int n = 0;
+  int64_t s[4];
+  for (int d = 0; d < a.rank; ++d) {
+    keep_index[d] = a.shape[d] == 1 ? -1 : n;
+    if (a.shape[d] != 1) s[n++] = a.shape[d];
+  }
+  int p[4];
+  int m = 0;
+  for (int i = 0; i < a.rank; ++i)
+    if (keep_index[a.perm[i]] >= 0) p[m++] = keep_index[a.perm[i]];
+  // Group runs of output axes that read consecutive input axes.
+  int group_of_in[4] = {0, 0, 0, 0};
+  int group_start[4] = {0, 0, 0, 0};
+  int groups = 0;
+  for (int i = 0; i < m; ++i) {
+    if (i == 0 || p[i] != p[i - 1] + 1) group_start[groups++] = p[i];
+    group_of_in[p[i]] = groups - 1;
+  }
+  // Groups in input order get the new input axis numbers.
+  Canonical c;
+  c.rank = groups;
+  int new_index[4] = {0, 0, 0, 0};
+  int k = 0;
+  for (int d = 0; d < n; ++d) {
+    int g = group_of_in[d];
+    if (group_start[g] == d) {
+      new_index[g] = k;
+      c.shape[k] = 1;
+      ++k;
+    }
+    c.shape[new_index[g]] *= s[d];
+  }
+  for (int g = 0; g < groups; ++g) c.perm[g] = new_index[g];
+  return c;
+}
+
+enum class Route { kCopy, kRowCopy, kTranspose, kGather };
+
+Route RouteOf(const Canonical& c) {
+  if (c.rank <= 1) return Route::kCopy;
+  if (c.perm[c.rank - 1] == c.rank - 1) return Route::kRowCopy;
+  if (c.rank == 2) return Route::kTranspose;
+  if (c.rank == 3 && c.perm[0] == 0 && c.perm[1] == 2 && c.perm[2] == 1) return Route::kTranspose;
+  return Route::kGather;
+}
+
+TransposeArgs AsTranspose(const PermuteArgs& a, const Canonical& c) {
+  TransposeArgs t;
+  t.in = a.in;
+  t.out = a.out;
+  t.dtype = a.dtype;
+  if (c.rank == 2) {
+    t.batch = 1;
+    t.rows = c.shape[0];
+    t.cols = c.shape[1];
+  } else {
+    t.batch = c.shape[0];
+    t.rows = c.shape[1];
+    t.cols = c.shape[2];
+  }
+  return t;
+}
+
+int64_t NumElements(const PermuteArgs& a) {
+  int64_t n = 1;
+  for (int d = 0; d < a.rank; ++d) n *= a.shape[d];
+  return n;
+}
+
+cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, cudaStream_t s) {
+  const size_t es = DTypeSize(a.dtype);
+  const int64_t row_bytes = c.shape[c.rank - 1] * int64_t(es);
+  int vb = 16;
+  while (vb > int(es) && (row_bytes % vb || !Aligned(a.in, vb) || !Aligned(a.out, vb))) vb /= 2;
+  RowCopyParams p{};
+  p.in = a.in;
+  p.out = a.out;
+  p.row_vecs = row_bytes / vb;
+  p.nd = c.rank - 1;
+  int64_t in_stride[4];  // input strides in rows of the kept axis, per input axis
+  in_stride[c.rank - 1] = 1;
+  for (int d = c.rank - 2; d >= 0; --d)
+    in_stride[d] = (d == c.rank - 2 ? 1 : in_stride[d + 1] * c.shape[d + 1]);
+  p.rows = 1;
+  for (int i = 0; i < p.nd; ++i) {
+    p.dim[i] = c.shape[c.perm[i]];
+    p.stride[i] = in_stride[c.perm[i]] * p.row_vecs;
+    p.rows *= p.dim[i];
+  }
+  const bool fast = p.rows < kFastLimit;
+  if (fast)
+    for (int i = 0; i < p.nd; ++i) p.fdim[i] = FastDivmod(uint32_t(p.dim[i]));
+  p.group_log2 = 0;
+  while (p.group_log2 < 8 && (int64_t(1) << p.group_log2) < p.row_vecs) ++p.group_log2;
+  // Enough blocks to fill the machine several times over; each loops over rows.
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    sms = 132;
+  const unsigned grid =
+      unsigned(std::min<int64_t>(GridFor(p.rows, int64_t(256) >> p.group_log2), int64_t(sms) * 32));
+  auto go = [&](auto vt) {
+    using VT = decltype(vt);
+    if (fast) RowCopyKernel<VT, true><<<grid, 256, 0, s>>>(p);
+    else RowCopyKernel<VT, false><<<grid, 256, 0, s>>>(p);
+  };
+  switch (vb) {
+    case 16: go(uint4{}); break;
+    case 8: go(uint2{}); break;
+    case 4: go(uint32_t{}); break;
+    default: go(uint16_t{}); break;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGather(const PermuteArgs& a, const Canonical& c, cudaStream_t s) {
+  GatherParams p{};
+  p.in = a.in;
+  p.out = a.out;
+  p.rank = c.rank;
+  int64_t in_stride[4];
+  in_stride[c.rank - 1] = 1;
+  for (int d = c.rank - 2; d >= 0; --d) in_stride[d] = in_stride[d + 1] * c.shape[d + 1];
+  p.n = 1;
+  for (int i = 0; i < c.rank; ++i) {
+    p.dim[i] = c.shape[c.perm[i]];
+    p.stride[i] = in_stride[c.perm[i]];
+    p.n *= p.dim[i];
+  }
+  const bool fast = p.n < kFastLimit;
+  if (fast)
+    for (int i = 0; i < c.rank; ++i) p.fdim[i] = FastDivmod(uint32_t(p.dim[i]));
+  const unsigned grid = GridFor(p.n, 256);
+  auto go = [&](auto t) {
+    using T = decltype(t);
+    if (fast) GatherKernel<T, true><<<grid, 256, 0, s>>>(p);
+    else GatherKernel<T, false><<<grid, 256, 0, s>>>(p);
+  };
+  if (DTypeSize(a.dtype) == 4) go(uint32_t{});
+  else go(uint16_t{});
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+const std::vector<std::string>& TransposeVariants() {
+  static const std::vector<std::string> v = {
+      "naive",     "smem",      "smem_padded",      "coarsened", "coarsened_vec",
+      "coarsened_vec_grouped", "pipelined", "pipelined_grouped"};
+  return v;
+}
+
+Support CanImplementTranspose(const TransposeArgs& args, std::string_view variant) {
+  return CheckTranspose(args, ChooseRung(args, variant));
+}
+
+cudaError_t LaunchTranspose(const TransposeArgs& args, std::string_view variant,
+                            cudaStream_t stream) {
+  const Rung rung = ChooseRung(args, variant);
+  if (!CheckTranspose(args, rung)) return cudaErrorInvalidValue;
+  if (args.batch == 0 || args.rows == 0 || args.cols == 0) return cudaSuccess;
+  if (DTypeSize(args.dtype) == 4) return LaunchTransposeTyped<uint32_t>(args, rung, stream);
+  return LaunchTransposeTyped<uint16_t>(args, rung, stream);
+}
+
+Support CanImplementPermute(const PermuteArgs& args, std::string_view variant) {
+  if (!variant.empty() && ParseRung(variant) == Rung::kUnknown)
+    return Support::No("unknown transpose variant");
+  if (args.rank < 1 || args.rank > 4) return Support::No("rank must be 1..4");
+  if (!ValidDType(args.dtype)) return Support::No("unsupported dtype");
+  bool seen[4] = {false, false, false, false};
+  for (int i = 0; i < args.rank; ++i) {
+    if (args.perm[i] < 0 || args.perm[i] >= args.rank || seen[args.perm[i]])
+      return Support::No("perm is not a permutation of 0..rank-1");
+    seen[args.perm[i]] = true;
+    if (args.shape[i] < 0) return Support::No("negative extent");
+  }
+  if (NumElements(args) == 0) return Support::Yes();
+  if (args.in == nullptr || args.out == nullptr) return Support::No("null pointer");
+  const size_t es = DTypeSize(args.dtype);
+  if (!Aligned(args.in, es) || !Aligned(args.out, es))
+    return Support::No("pointers must be aligned to the element size");
+  const Canonical c = Canonicalise(args);
+  if (RouteOf(c) == Route::kTranspose) return CanImplementTranspose(AsTranspose(args, c), variant);
+  return Support::Yes();
+}
+
+cudaError_t LaunchPermute(const PermuteArgs& args, std::string_view variant,
+                          cudaStream_t stream) {
+  if (!CanImplementPermute(args, variant)) return cudaErrorInvalidValue;
+  const int64_t n = NumElements(args);
+  if (n == 0) return cudaSuccess;
+  const Canonical c = Canonicalise(args);
+  switch (RouteOf(c)) {
+    case Route::kCopy:
+      return cudaMemcpyAsync(args.out, args.in, size_t(n) * DTypeSize(args.dtype),
+                             cudaMemcpyDeviceToDevice, stream);
+    case Route::kRowCopy:
+      return LaunchRowCopy(args, c, stream);
+    case Route::kTranspose:
+      return LaunchTranspose(AsTranspose(args, c), variant, stream);
+    case Route::kGather:
+      return LaunchGather(args, c, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace gpucompute::kernels

@@ -30,14 +30,21 @@ struct TransposeArgs {
   DType dtype = DType::kF32;
 };
 
-// Every rung by name, slowest first:
-//   "naive"          one thread per element, strided writes;
-//   "smem"           32x32 shared-memory tile, bank conflicts on the column read;
-//   "smem_padded"    the same tile padded to [32][33];
-//   "coarsened"      32x8 threads, each moving 4 rows of a padded 32x32 tile;
-//   "coarsened_vec"  16-byte accesses on both sides through a swizzled tile
-//                    (needs rows and cols divisible by 16 / element size and
-//                    16-byte aligned pointers).
+// Every rung by name, in ladder order:
+//   "naive"                  one thread per element, strided writes;
+//   "smem"                   32x32 shared-memory tile, bank conflicts on the
+//                            column read;
+//   "smem_padded"            the same tile padded to [32][33];
+//   "coarsened"              32x8 threads, each moving 4 rows of a padded tile
+//                            (any shape and alignment);
+//   "coarsened_vec"          16-byte accesses on both sides through a swizzled
+//                            tile;
+//   "coarsened_vec_grouped"  the same, tiles visited in bands of tile rows;
+//   "pipelined"              persistent blocks, cp.async multi-stage tiles;
+//   "pipelined_grouped"      the same in the banded order.
+// The last four need rows and cols divisible by 16 / element size and 16-byte
+// aligned pointers. The default is the fastest measured: coarsened_vec (fp32)
+// or coarsened_vec_grouped (fp16, bf16), else coarsened.
 const std::vector<std::string>& TransposeVariants();
 
 // Ok when `variant` (empty = fastest for the arguments) can run `args`;

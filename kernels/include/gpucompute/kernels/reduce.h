@@ -1,0 +1,80 @@
+// Reduction of a dense row-major tensor viewed as [outer, axis, inner] along
+// its middle axis: out[o][i] = op over a of in[o][a][i]. All elements is
+// outer = inner = 1; inner = 1 is the row case, inner > 1 the column case.
+//
+// The ladder (src/reduce.cu), slowest first:
+//   "tree_divergent"   one element per thread, shared-memory tree with the
+//                      divergent tid % (2 * stride) branch, one pass per level;
+//   "tree_sequential"  sequential addressing, stride halving;
+//   "warp_shuffle"     __shfl_down_sync inside warps, shared memory across them;
+//   "vec"              16-byte loads, several per thread, grid sized to the
+//                      machine; a second kernel combines the block partials;
+//   "single_pass"      as "vec", but the last block of each output segment
+//                      combines the partials (atomic ticket): one kernel.
+// The column case (inner > 1) reads coalesced along inner: the tree rungs use
+// one thread per output; "vec" and "single_pass" use 16-byte tiles along inner
+// with the axis split across blocks when there are too few outputs.
+//
+// Accumulation is fp32. Results are deterministic: the combination order is
+// fixed for a given device and arguments (no floating-point atomics), so the
+// same input gives bitwise the same output. MAX and MIN propagate NaN (numpy).
+// MEAN is the fp32 sum divided by `axis`.
+#ifndef GPUCOMPUTE_KERNELS_REDUCE_H_
+#define GPUCOMPUTE_KERNELS_REDUCE_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpucompute/kernels/common.h"
+
+namespace gpucompute::kernels {
+
+enum class ReduceOp : int { kSum = 0, kMax = 1, kMin = 2, kMean = 3 };
+
+// `in` holds outer * axis * inner elements of in_type; `out` receives
+// outer * inner elements of out_type. Device pointers aligned to their element
+// sizes; `in` and `out` do not overlap.
+struct ReduceArgs {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t outer = 1;
+  int64_t axis = 0;
+  int64_t inner = 1;
+  ReduceOp op = ReduceOp::kSum;
+  DType in_type = DType::kF32;
+  DType out_type = DType::kF32;
+};
+
+// Every rung by name, slowest first (see above).
+const std::vector<std::string>& ReduceVariants();
+
+// Ok when `variant` (empty = fastest for the arguments) can run `args`;
+// otherwise the reason. Refuses axis == 0 (an empty reduction), negative
+// extents, null or misaligned pointers.
+Support CanImplementReduce(const ReduceArgs& args, std::string_view variant);
+
+// Bytes of device workspace LaunchReduce needs for these arguments and
+// variant (0 when none). For "single_pass" the workspace starts with a block of
+// counters.
+// Workspace contract for "single_pass": the whole workspace must be zero
+// (cudaMemsetAsync) before its first use; every launch that completes leaves
+// the counters at zero again, so the same workspace serves later launches of
+// any arguments without another memset. Launches that share a workspace must
+// not run concurrently. The other variants need no zeroing.
+size_t ReduceWorkspaceBytes(const ReduceArgs& args, std::string_view variant);
+
+// Enqueues the reduction on `stream`. `workspace` must hold
+// ReduceWorkspaceBytes(args, variant) bytes, 256-byte aligned (cudaMalloc
+// memory is), and may be null when that is 0. Returns cudaErrorInvalidValue
+// when CanImplementReduce refuses or the workspace is missing; otherwise the
+// launch status. outer * inner == 0 launches nothing.
+cudaError_t LaunchReduce(const ReduceArgs& args, std::string_view variant, void* workspace,
+                         cudaStream_t stream);
+
+}  // namespace gpucompute::kernels
+
+#endif  // GPUCOMPUTE_KERNELS_REDUCE_H_
