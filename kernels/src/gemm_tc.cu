@@ -1,1 +1,389 @@
-// Placeholder: filled in by the gemm_tc ladder.
+// GEMM on the Hopper tensor cores: C = alpha * op(A) * op(B) + beta * C for
+// bf16/fp16 inputs (fp32 accumulation, C in the input type or fp32) and fp32
+// inputs in tf32 mode (fp32 C). Row-major, transposes, strided batch.
+//
+// The two numbers, for M = N = K = 8192 bf16 (C bf16): FLOPs 2*M*N*K = 1.10e12;
+// bytes that must move (A, B read once, C written once) 3 * 128 MiB = 403 MB.
+// Floors on the H200: ~1.1 ms at the ~990 TFLOP/s dense bf16 peak versus
+// ~0.1 ms of HBM traffic at 4.2 TB/s: compute-bound by 10x; the same holds at
+// 4096^3 (0.14 ms vs 0.024 ms). tf32 has half the bf16 peak (~495 TFLOP/s).
+//
+// The ladder (rung names are the variant strings). Measured on the H200, bf16
+// in / bf16 out, row-major A[m,k] and B[k,n], TFLOP/s at 4096^3 and 8192^3
+// and the ratio to cuBLAS in the same run (kernels/bench/results/gemm_tc.md):
+//   mma_sync          warp-level mma.sync (m16n8k16; m16n8k8 tf32) fed by ldmatrix
+//                     from a 4-stage cp.async ring, 128x128x(64 B) block tiles,
+//                     8 warps of 64x32. Takes every shape, transpose and alignment
+//                     and is the fallback for what TMA cannot address.
+//                     210 / 216 TFLOP/s = 0.27x / 0.29x.
+//   wgmma_tma         TMA loads into 128B-swizzled shared memory, completion on
+//                     mbarriers, wgmma m64n256 straight from shared memory; one
+//                     warpgroup, 64x256 tiles, 5-stage ring refilled by thread 0.
+//                     456 / 295 TFLOP/s = 0.58x / 0.40x (one warpgroup cannot hide
+//                     its own waits; worse as K grows).
+//   wgmma_ws          warp specialisation: one producer warp issues TMA into a
+//                     4-stage ring, two consumer warpgroups (128x256 tiles) wait
+//                     on raw mbarrier parities and release stages as soon as their
+//                     wgmma group retires; setmaxnreg 40 / 232.
+//                     683 / 614 TFLOP/s = 0.87x / 0.82x; 16384^3 only 0.69x in the
+//                     plain row-major tile order (the grouped order below: 0.95x).
+//   wgmma_persistent  the same kernel with one block per SM walking the tiles in
+//                     groups of 16 tile rows (L2 reuse); the producer runs ahead
+//                     into the next tile while the consumers store the last one.
+//                     707 / 626 TFLOP/s = 0.90x / 0.84x; 16384^3 0.95x.
+//   wgmma_cluster     2-CTA clusters (one per pair of tiles, grouped order): the
+//                     two CTAs take vertically adjacent 128x256 tiles and share
+//                     the B stage through TMA multicast (each loads half, both
+//                     receive all), cutting the L2->SM traffic per CTA from 48 KB
+//                     to 32 KB a stage; stages are released to both producers
+//                     through remote mbarrier arrivals. 672 / 634 TFLOP/s =
+//                     0.86x / 0.85x. The first version (persistent, with
+//                     release.cluster semantics on those arrivals: a cluster-wide
+//                     fence per warp per stage) measured 415 / 414 TFLOP/s
+//                     (0.53x); the plain arrival fixed it.
+//   wgmma_cluster_persistent  the same with as many clusters as fit at once,
+//                     each walking pair tiles. 653 / 660 TFLOP/s = 0.83x / 0.89x;
+//                     best at 8192^3, 16384^3 (0.98x) and 4096x14336x4096 (0.90x).
+// Run-to-run spread on the H200 is about +-5% for both cuBLAS and us.
+// tf32 (K-major A and B): the best rung reaches 0.92-1.07x cuBLAS tf32 over the
+// six shapes (344 TFLOP/s = 0.99x at 8192^3).
+//
+// The wgmma rungs need what TMA needs: A and B base addresses 16-byte aligned,
+// row and batch strides multiples of 16 bytes, k >= 1; tf32 additionally needs
+// both operands K-major (trans_a false, trans_b true). The empty variant picks
+// a wgmma rung when those hold (see DefaultRung) and mma_sync otherwise.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "gemm_tc_common.cuh"
+#include "gemm_tc_mma_sync.cuh"
+#include "gemm_tc_wgmma.cuh"
+#include "gpucompute/kernels/gemm.h"
+
+namespace gpucompute::kernels {
+namespace {
+
+using tc::TcParams;
+
+enum class Rung {
+  kMmaSync,
+  kWgmmaTma,
+  kWgmmaWs,
+  kWgmmaPersistent,
+  kWgmmaCluster,
+  kWgmmaClusterPersistent
+};
+
+constexpr const char* kRungNames[] = {"mma_sync",         "wgmma_tma",     "wgmma_ws",
+                                      "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent"};
+constexpr int kNumRungs = 6;
+
+bool ParseRung(std::string_view name, Rung* rung) {
+  for (int i = 0; i < kNumRungs; ++i)
+    if (name == kRungNames[i]) {
+      *rung = static_cast<Rung>(i);
+      return true;
+    }
+  return false;
+}
+
+bool Aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Checks every rung shares: types, sizes, leading dimensions, pointers.
+Support CheckCommon(const GemmArgs& a) {
+  const bool half_in = a.ab_type == DType::kBF16 || a.ab_type == DType::kF16;
+  if (half_in) {
+    if (a.c_type != a.ab_type && a.c_type != DType::kF32)
+      return Support::No("C must have the input type or be fp32");
+  } else {
+    if (!a.allow_tf32)
+      return Support::No("fp32 inputs run on the tensor cores only with allow_tf32");
+    if (a.c_type != DType::kF32) return Support::No("tf32 mode writes fp32 C");
+  }
+  if (a.m < 0 || a.n < 0 || a.k < 0 || a.batch < 0) return Support::No("negative size");
+  if (a.m > INT_MAX || a.n > INT_MAX || a.k > INT_MAX || a.batch > INT_MAX)
+    return Support::No("a size exceeds 2^31 - 1");
+  if (a.stride_a < 0 || a.stride_b < 0 || a.stride_c < 0) return Support::No("negative stride");
+  if (a.lda < std::max<int64_t>(1, a.trans_a ? a.m : a.k)) return Support::No("lda too small");
+  if (a.ldb < std::max<int64_t>(1, a.trans_b ? a.k : a.n)) return Support::No("ldb too small");
+  if (a.ldc < std::max<int64_t>(1, a.n)) return Support::No("ldc too small");
+  const bool work = a.m > 0 && a.n > 0 && a.batch > 0;
+  if (work && a.c == nullptr) return Support::No("C is null");
+  if (work && a.k > 0 && (a.a == nullptr || a.b == nullptr)) return Support::No("A or B is null");
+  return Support::Yes();
+}
+
+// What the TMA-fed wgmma rungs need beyond CheckCommon.
+Support CheckTma(const GemmArgs& a) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(a.ab_type));
+  if (a.k < 1) return Support::No("k == 0 leaves no operand tile for TMA");
+  if (a.ab_type == DType::kF32 && (a.trans_a || !a.trans_b))
+    return Support::No("tf32 wgmma reads both operands K-major: needs trans_a false, trans_b true");
+  if (!Aligned(a.a, 16) || !Aligned(a.b, 16))
+    return Support::No("TMA needs 16-byte aligned A and B");
+  if ((a.lda * es) % 16 != 0 || (a.ldb * es) % 16 != 0)
+    return Support::No("TMA needs lda and ldb to be multiples of 16 bytes");
+  if (a.batch > 1 && ((a.stride_a * es) % 16 != 0 || (a.stride_b * es) % 16 != 0))
+    return Support::No("TMA needs batch strides of A and B to be multiples of 16 bytes");
+  return Support::Yes();
+}
+
+int SmCount() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+    return 132;
+  return sms;
+}
+
+TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(a.ab_type));
+  const size_t cs = DTypeSize(a.c_type);
+  TcParams p;
+  p.m = static_cast<int>(a.m);
+  p.n = static_cast<int>(a.n);
+  p.k = static_cast<int>(a.k);
+  p.batch = static_cast<int>(a.batch);
+  p.a = a.a;
+  p.lda = a.lda;
+  p.stride_a = a.stride_a;
+  p.b = a.b;
+  p.ldb = a.ldb;
+  p.stride_b = a.stride_b;
+  p.c = a.c;
+  p.ldc = a.ldc;
+  p.stride_c = a.stride_c;
+  p.alpha = a.alpha;
+  p.beta = a.beta;
+  p.c_type = static_cast<int>(a.c_type);
+  p.c_pairs = a.ldc % 2 == 0 && Aligned(a.c, 2 * cs) && (a.batch <= 1 || a.stride_c % 2 == 0);
+  p.a_vec = Aligned(a.a, 16) && (a.lda * es) % 16 == 0 &&
+            (a.batch <= 1 || (a.stride_a * es) % 16 == 0);
+  p.b_vec = Aligned(a.b, 16) && (a.ldb * es) % 16 == 0 &&
+            (a.batch <= 1 || (a.stride_b * es) % 16 == 0);
+  p.a_batched = a.batch > 1 && a.stride_a != 0;
+  p.b_batched = a.batch > 1 && a.stride_b != 0;
+  p.tiles_m = static_cast<int>((a.m + bm - 1) / bm);
+  p.tiles_n = static_cast<int>((a.n + bn - 1) / bn);
+  p.group_m = std::max(1, std::min(group_m, p.tiles_m));
+  p.tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n * a.batch;
+  return p;
+}
+
+template <typename F>
+cudaError_t AllowSmem(F* kernel, int bytes) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// --- rung 1 ---------------------------------------------------------------------
+
+template <typename T, bool kTA, bool kTB>
+cudaError_t LaunchMmaSyncT(const GemmArgs& a, cudaStream_t stream) {
+  using Cfg = tc::MmaSyncConfig<T>;
+  const TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, 8);
+  auto* kernel = &tc::MmaSyncKernel<T, kTA, kTB>;
+  if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
+  const int64_t grid = std::min<int64_t>(p.tiles, INT_MAX);
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchMmaSync(const GemmArgs& a, cudaStream_t stream) {
+  if (a.trans_a)
+    return a.trans_b ? LaunchMmaSyncT<T, true, true>(a, stream)
+                     : LaunchMmaSyncT<T, true, false>(a, stream);
+  return a.trans_b ? LaunchMmaSyncT<T, false, true>(a, stream)
+                   : LaunchMmaSyncT<T, false, false>(a, stream);
+}
+
+// --- rungs 2-4 ------------------------------------------------------------------
+
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+template <typename T>
+constexpr CUtensorMapDataType TmaType() {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  else if constexpr (std::is_same_v<T, __half>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  else return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+}
+
+// A 3-D map (inner, outer, batch) over a row-major operand with 128B swizzle
+// and zero fill outside the tensor. batch_stride 0: one matrix for all batches.
+template <typename T>
+bool EncodeOperand(CUtensorMap* map, const void* ptr, int64_t inner, int64_t outer, int64_t ld,
+                   int64_t batch, int64_t batch_stride, uint32_t box_inner, uint32_t box_outer) {
+  auto encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const uint64_t es = sizeof(T);
+  const bool batched = batch > 1 && batch_stride != 0;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer),
+                              static_cast<cuuint64_t>(batched ? batch : 1)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld) * es,
+                                 batched ? static_cast<cuuint64_t>(batch_stride) * es
+                                         : static_cast<cuuint64_t>(ld) * es * outer};
+  const cuuint32_t box[3] = {box_inner, box_outer, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, TmaType<T>(), 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Launches a wgmma rung; *encoded is false when a tensor map was refused by
+// the driver (nothing launched then).
+template <typename T, bool kTA, bool kTB>
+cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, cudaStream_t stream, bool* encoded) {
+  constexpr uint32_t kBK = 128 / sizeof(T);
+  const bool single = rung == Rung::kWgmmaTma;
+  const bool cluster = rung == Rung::kWgmmaCluster || rung == Rung::kWgmmaClusterPersistent;
+  const uint32_t bm = single ? 64 : 128, bn_box = cluster ? 128 : 256;
+  CUtensorMap map_a, map_b;
+  *encoded =
+      (kTA ? EncodeOperand<T>(&map_a, a.a, a.m, a.k, a.lda, a.batch, a.stride_a, 64, 64)
+           : EncodeOperand<T>(&map_a, a.a, a.k, a.m, a.lda, a.batch, a.stride_a, kBK, bm)) &&
+      (kTB ? EncodeOperand<T>(&map_b, a.b, a.k, a.n, a.ldb, a.batch, a.stride_b, kBK, bn_box)
+           : EncodeOperand<T>(&map_b, a.b, a.n, a.k, a.ldb, a.batch, a.stride_b, 64, 64));
+  if (!*encoded) return cudaErrorInvalidValue;
+
+  if (single) {
+    using Cfg = tc::WgmmaConfig<1, 5>;
+    const TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, 1);
+    if (p.tiles > INT_MAX) return cudaErrorInvalidValue;
+    auto* kernel = &tc::WgmmaTmaKernel<T, kTA, kTB>;
+    if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
+    kernel<<<static_cast<unsigned>(p.tiles), 128, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+    return cudaGetLastError();
+  }
+  using Cfg = tc::WgmmaConfig<2, 4>;
+  if (cluster) {
+    // Tiles are CTA pairs: 256 rows of C per cluster tile.
+    const TcParams p = MakeParams(a, 2 * Cfg::kBM, Cfg::kBN, 8);
+    auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 2>;
+    if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    // wgmma_cluster: one cluster per pair tile; the hardware places clusters
+    // where pairs of SMs are free. wgmma_cluster_persistent: as many clusters
+    // as the occupancy calculator says fit at once, each walking pair tiles.
+    if (p.tiles > INT_MAX / 2) return cudaErrorInvalidValue;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(2 * p.tiles));
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (rung == Rung::kWgmmaClusterPersistent) {
+      int clusters = 0;
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+          e != cudaSuccess)
+        return e;
+      if (clusters < 1) return cudaErrorInvalidConfiguration;
+      config.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(p.tiles, clusters)));
+    }
+    return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p);
+  }
+  const bool persistent = rung == Rung::kWgmmaPersistent;
+  const TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, persistent ? 16 : 1);
+  const int64_t grid = persistent ? std::min<int64_t>(p.tiles, SmCount())
+                                  : std::min<int64_t>(p.tiles, INT_MAX);
+  auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1>;
+  if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
+  kernel<<<static_cast<unsigned>(grid), 384, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchWgmma(const GemmArgs& a, Rung rung, cudaStream_t stream, bool* encoded) {
+  if constexpr (std::is_same_v<T, float>) {
+    return LaunchWgmmaT<T, false, true>(a, rung, stream, encoded);
+  } else {
+    if (a.trans_a)
+      return a.trans_b ? LaunchWgmmaT<T, true, true>(a, rung, stream, encoded)
+                       : LaunchWgmmaT<T, true, false>(a, rung, stream, encoded);
+    return a.trans_b ? LaunchWgmmaT<T, false, true>(a, rung, stream, encoded)
+                     : LaunchWgmmaT<T, false, false>(a, rung, stream, encoded);
+  }
+}
+
+template <typename T>
+cudaError_t LaunchTyped(const GemmArgs& a, Rung rung, bool fallback, cudaStream_t stream) {
+  if (rung == Rung::kMmaSync) return LaunchMmaSync<T>(a, stream);
+  bool encoded = false;
+  const cudaError_t e = LaunchWgmma<T>(a, rung, stream, &encoded);
+  if (!encoded && fallback) return LaunchMmaSync<T>(a, stream);
+  return e;
+}
+
+// The empty variant's choice, from the H200 measurements in gemm_tc.md: the
+// cluster rung wins once there are many waves of long-K tiles (8192^3,
+// 16384^3, 4096x14336x4096); with few tiles or short K the single-CTA
+// persistent rung is ahead (4096^3, 1024x8192x8192, 8192x8192x1024).
+Rung DefaultRung(const GemmArgs& a) {
+  if (!CheckTma(a)) return Rung::kMmaSync;
+  const int64_t tiles = ((a.m + 127) / 128) * ((a.n + 255) / 256) * a.batch;
+  if (tiles >= 8 * int64_t(SmCount()) && a.k >= 2048) return Rung::kWgmmaClusterPersistent;
+  return Rung::kWgmmaPersistent;
+}
+
+}  // namespace
+
+const std::vector<std::string>& GemmTcVariants() {
+  static const std::vector<std::string> names(std::begin(kRungNames), std::end(kRungNames));
+  return names;
+}
+
+Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant) {
+  Rung rung = Rung::kMmaSync;
+  if (!variant.empty() && !ParseRung(variant, &rung))
+    return Support::No("unknown gemm_tc variant '" + std::string(variant) + "'");
+  if (Support s = CheckCommon(args); !s) return s;
+  if (variant.empty() || rung == Rung::kMmaSync) return Support::Yes();
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return Support::Yes();
+  return CheckTma(args);
+}
+
+size_t GemmTcWorkspaceBytes(const GemmArgs&, std::string_view) { return 0; }
+
+cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,
+                         cudaStream_t stream) {
+  if (!CanImplementGemmTc(args, variant)) return cudaErrorInvalidValue;
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
+  Rung rung = Rung::kMmaSync;
+  const bool fallback = variant.empty();
+  if (fallback) rung = DefaultRung(args);
+  else ParseRung(variant, &rung);
+  switch (args.ab_type) {
+    case DType::kBF16: return LaunchTyped<__nv_bfloat16>(args, rung, fallback, stream);
+    case DType::kF16: return LaunchTyped<__half>(args, rung, fallback, stream);
+    default: return LaunchTyped<float>(args, rung, fallback, stream);
+  }
+}
+
+}  // namespace gpucompute::kernels

@@ -1,2 +1,364 @@
-// Tests of the gemm_tc ladder.
+// Tests of the tensor-core GEMM ladder (kernels/src/gemm_tc.cu): every rung x
+// dtype x transpose x shape against a float64 CPU reference. Large shapes are
+// checked on their border rows and columns plus random samples; C is poisoned
+// with NaN before each launch (beta == 0 must not read it), and the padding
+// between rows of C must stay untouched.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpucompute/kernels/gemm.h"
 #include "tests/kernels/gpu_test_util.h"
+
+namespace gpucompute::testing {
+namespace {
+
+using kernels::GemmArgs;
+
+struct Case {
+  std::string variant;  // "" = the ladder's own choice
+  int64_t m, n, k;
+  int64_t batch = 1;
+  bool ta = false, tb = false;
+  DType ab = DType::kBF16, c = DType::kBF16;
+  float alpha = 1.f, beta = 0.f;
+  int misalign = 0;      // elements added to A's base pointer
+  int pad = 0;           // elements added to every leading dimension
+  bool share_b = false;  // stride_b = 0: one B for the whole batch
+};
+
+std::string Name(const Case& c) {
+  std::string s = c.variant.empty() ? "auto" : c.variant;
+  s += "_M" + std::to_string(c.m) + "_N" + std::to_string(c.n) + "_K" + std::to_string(c.k);
+  if (c.batch > 1) s += "_B" + std::to_string(c.batch) + (c.share_b ? "shared" : "");
+  s += std::string("_") + (c.ta ? "t" : "n") + (c.tb ? "t" : "n");
+  s += std::string("_") + (c.ab == DType::kF32 ? "tf32" : kernels::DTypeName(c.ab));
+  s += std::string("_c") + kernels::DTypeName(c.c);
+  if (c.beta != 0.f) s += "_beta";
+  if (c.misalign) s += "_misaligned";
+  if (c.pad) s += "_pad" + std::to_string(c.pad);
+  return s;
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << Name(c); }
+
+// Everything but the variant: cases differing only in the rung share inputs.
+std::string DataKey(const Case& c) {
+  Case d = c;
+  d.variant = "x";
+  return Name(d);
+}
+
+uint64_t NextRandom(uint64_t& s) {
+  s += 0x9e3779b97f4a7c15ULL;
+  uint64_t z = s;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Fills n elements of dtype t with uniform values in [-1, 1); `vals` receives
+// the stored (rounded) values.
+void FillRandom(void* bytes, std::vector<float>& vals, size_t n, DType t, uint64_t& seed) {
+  vals.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const double u = double(NextRandom(seed) >> 11) * (1.0 / 9007199254740992.0);
+    StoreHost(bytes, i, t, 2 * u - 1);
+    vals[i] = float(LoadHost(bytes, i, t));
+  }
+}
+
+// Inputs, device buffers and reference values of one data key.
+struct Data {
+  std::string key;
+  int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
+  std::unique_ptr<DeviceArray> a, b, c;
+  std::vector<uint8_t> c0;  // initial C bytes (random when beta != 0, else 0xFF)
+  std::vector<int64_t> idx;  // checked element offsets into C
+  std::vector<double> ref, tol;
+};
+
+Data& GetData(const Case& cs) {
+  static Data d;
+  if (d.key == DataKey(cs)) return d;
+  d = Data{};
+  d.key = DataKey(cs);
+  static uint64_t seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+
+  const int64_t rows_a = cs.ta ? cs.k : cs.m, cols_a = cs.ta ? cs.m : cs.k;
+  const int64_t rows_b = cs.tb ? cs.n : cs.k, cols_b = cs.tb ? cs.k : cs.n;
+  d.lda = cols_a + cs.pad;
+  d.ldb = cols_b + cs.pad;
+  d.ldc = cs.n + cs.pad;
+  d.stride_a = cs.batch > 1 ? rows_a * d.lda : 0;
+  d.stride_b = cs.batch > 1 && !cs.share_b ? rows_b * d.ldb : 0;
+  d.stride_c = cs.batch > 1 ? cs.m * d.ldc : 0;
+  const size_t ea = kernels::DTypeSize(cs.ab), ec = kernels::DTypeSize(cs.c);
+  const size_t na = size_t(std::max<int64_t>(1, cs.batch > 1 ? cs.batch * d.stride_a : rows_a * d.lda));
+  const size_t nb = size_t(std::max<int64_t>(1, d.stride_b ? cs.batch * d.stride_b : rows_b * d.ldb));
+  const size_t nc = size_t(std::max<int64_t>(1, cs.batch > 1 ? cs.batch * d.stride_c : cs.m * d.ldc));
+
+  std::vector<uint8_t> ha(na * ea), hb(nb * ea), hc(nc * ec, 0xFF);
+  std::vector<float> va, vb, vc;
+  FillRandom(ha.data(), va, na, cs.ab, seed);
+  FillRandom(hb.data(), vb, nb, cs.ab, seed);
+  if (cs.beta != 0.f) {
+    std::vector<uint8_t> tmp(nc * ec);
+    FillRandom(tmp.data(), vc, nc, cs.c, seed);
+    for (int64_t bi = 0; bi < cs.batch; ++bi)
+      for (int64_t i = 0; i < cs.m; ++i) {
+        const size_t off = size_t(bi * d.stride_c + i * d.ldc) * ec;
+        std::memcpy(hc.data() + off, tmp.data() + off, size_t(cs.n) * ec);
+      }
+  }
+  d.c0 = hc;
+  d.a = std::make_unique<DeviceArray>(na * ea, size_t(cs.misalign) * ea);
+  d.b = std::make_unique<DeviceArray>(nb * ea);
+  d.c = std::make_unique<DeviceArray>(nc * ec);
+  d.a->Upload(ha.data());
+  d.b->Upload(hb.data());
+
+  // Which elements to check: all of small problems; border rows and columns
+  // plus random samples of large ones.
+  const bool full = double(cs.m) * cs.n * cs.k * cs.batch <= double(1 << 25);
+  std::vector<std::pair<int64_t, std::pair<int64_t, int64_t>>> pts;  // (batch, (i, j))
+  if (full) {
+    for (int64_t bi = 0; bi < cs.batch; ++bi)
+      for (int64_t i = 0; i < cs.m; ++i)
+        for (int64_t j = 0; j < cs.n; ++j) pts.push_back({bi, {i, j}});
+  } else {
+    for (int64_t bi = 0; bi < cs.batch; ++bi) {
+      for (int64_t j = 0; j < cs.n; ++j) {
+        pts.push_back({bi, {0, j}});
+        pts.push_back({bi, {cs.m - 1, j}});
+      }
+      for (int64_t i = 0; i < cs.m; ++i) {
+        pts.push_back({bi, {i, 0}});
+        pts.push_back({bi, {i, cs.n - 1}});
+      }
+      for (int s = 0; s < 6000; ++s)
+        pts.push_back({bi, {int64_t(NextRandom(seed) % cs.m), int64_t(NextRandom(seed) % cs.n)}});
+    }
+  }
+  const double eps_acc = cs.ab == DType::kF32 ? 1.0 / 512 : 2e-4;  // tf32 inputs; fp32 sums
+  const double eps_out =
+      cs.c == DType::kBF16 ? 1.0 / 256 : (cs.c == DType::kF16 ? 1.0 / 1024 : 1e-6);
+  for (const auto& [bi, ij] : pts) {
+    const auto [i, j] = ij;
+    double s = 0, mag = 0;
+    for (int64_t kk = 0; kk < cs.k; ++kk) {
+      const double x = va[size_t(bi * d.stride_a + (cs.ta ? kk * d.lda + i : i * d.lda + kk))];
+      const double y = vb[size_t(bi * d.stride_b + (cs.tb ? j * d.ldb + kk : kk * d.ldb + j))];
+      s += x * y;
+      mag += std::fabs(x * y);
+    }
+    const int64_t off = bi * d.stride_c + i * d.ldc + j;
+    double r = double(cs.alpha) * s;
+    mag *= std::fabs(cs.alpha);
+    if (cs.beta != 0.f) {
+      r += double(cs.beta) * vc[size_t(off)];
+      mag += std::fabs(double(cs.beta) * vc[size_t(off)]);
+    }
+    d.idx.push_back(off);
+    d.ref.push_back(r);
+    d.tol.push_back(eps_acc * mag + eps_out * std::fabs(r) + 1e-6);
+  }
+  return d;
+}
+
+class GemmTcTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GemmTcTest, MatchesFloat64Reference) {
+  GC_REQUIRE_GPU();
+  const Case& cs = GetParam();
+  Data& d = GetData(cs);
+  GemmArgs args;
+  args.m = cs.m;
+  args.n = cs.n;
+  args.k = cs.k;
+  args.batch = cs.batch;
+  args.a = d.a->get();
+  args.lda = d.lda;
+  args.stride_a = d.stride_a;
+  args.trans_a = cs.ta;
+  args.b = d.b->get();
+  args.ldb = d.ldb;
+  args.stride_b = d.stride_b;
+  args.trans_b = cs.tb;
+  args.c = d.c->get();
+  args.ldc = d.ldc;
+  args.stride_c = d.stride_c;
+  args.ab_type = cs.ab;
+  args.c_type = cs.c;
+  args.alpha = cs.alpha;
+  args.beta = cs.beta;
+  args.allow_tf32 = cs.ab == DType::kF32;
+
+  const kernels::Support s = kernels::CanImplementGemmTc(args, cs.variant);
+  if (!s) {
+    ASSERT_FALSE(cs.variant.empty()) << "the ladder's own choice must take every shape: " << s.reason;
+    GTEST_SKIP() << cs.variant << " refuses: " << s.reason;
+  }
+  d.c->Upload(d.c0.data());
+  GC_ASSERT_CUDA(kernels::LaunchGemmTc(args, cs.variant, nullptr, nullptr));
+  GC_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<uint8_t> out(d.c->bytes());
+  d.c->Download(out.data());
+
+  size_t bad = 0;
+  std::string msg;
+  for (size_t q = 0; q < d.idx.size(); ++q) {
+    const double g = LoadHost(out.data(), size_t(d.idx[q]), cs.c);
+    if (!(std::fabs(g - d.ref[q]) <= d.tol[q]) && bad++ < 5)
+      msg += " [" + std::to_string(d.idx[q]) + "] got " + std::to_string(g) + " want " +
+             std::to_string(d.ref[q]) + ";";
+  }
+  EXPECT_EQ(bad, 0u) << bad << " of " << d.idx.size() << " checked elements wrong:" << msg;
+
+  // Bytes outside the logical C (row padding) must be untouched.
+  const size_t ec = kernels::DTypeSize(cs.c);
+  size_t touched = 0;
+  for (int64_t bi = 0; bi < cs.batch; ++bi)
+    for (int64_t i = 0; i < cs.m; ++i)
+      for (int64_t j = cs.n; j < d.ldc; ++j) {
+        const size_t off = size_t(bi * d.stride_c + i * d.ldc + j) * ec;
+        if (std::memcmp(out.data() + off, d.c0.data() + off, ec) != 0) ++touched;
+      }
+  EXPECT_EQ(touched, 0u) << "elements written outside C";
+}
+
+std::vector<Case> AllCases() {
+  const std::vector<std::string> variants = {
+      "mma_sync",      "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
+      "wgmma_cluster_persistent", ""};
+  const std::vector<std::pair<DType, DType>> types = {{DType::kBF16, DType::kBF16},
+                                                      {DType::kBF16, DType::kF32},
+                                                      {DType::kF16, DType::kF16},
+                                                      {DType::kF16, DType::kF32},
+                                                      {DType::kF32, DType::kF32}};
+  std::vector<Case> shapes;
+  auto add = [&](Case c) { shapes.push_back(c); };
+  add({"", 128, 256, 64});             // exactly one wgmma tile
+  add({"", 264, 520, 200});            // ragged tiles, K not a multiple of the stage
+  add({"", 200, 136, 8});              // K = 8
+  add({"", 1, 1000, 512});             // M = 1
+  add({"", 300, 1, 136});              // N = 1
+  add({"", 1000, 3000, 777});          // odd K: leading dimensions TMA cannot take
+  add({"", 2056, 3080, 2072});         // many tiles, ragged edges, TMA-friendly
+  {
+    Case c{"", 136, 264, 96};
+    c.batch = 3;
+    add(c);  // strided batch
+    c.batch = 2;
+    c.share_b = true;
+    add(c);  // B shared by the batch
+  }
+  {
+    Case c{"", 192, 264, 136};
+    c.alpha = 1.5f;
+    c.beta = -0.75f;
+    c.pad = 8;
+    add(c);  // alpha/beta, padded rows
+  }
+  {
+    Case c{"", 96, 200, 64};
+    c.pad = 1;
+    add(c);  // odd leading dimensions: element-wise loads and stores
+  }
+  {
+    Case c{"", 128, 128, 64};
+    c.misalign = 1;
+    add(c);  // A base not 16-byte aligned
+  }
+  std::vector<Case> all;
+  for (const Case& shape : shapes)
+    for (const auto& [ab, ct] : types)
+      for (int t = 0; t < 4; ++t)
+        for (const auto& v : variants) {
+          Case c = shape;
+          c.ab = ab;
+          c.c = ct;
+          c.ta = t & 2;
+          c.tb = t & 1;
+          c.variant = v;
+          all.push_back(c);
+        }
+  // The issue's large odd shape: the fallback rung on TMA-hostile sizes.
+  for (const auto& [ab, ct] : types)
+    for (int tb = 0; tb < 2; ++tb)
+      for (const std::string v : {"mma_sync", ""}) {
+        Case c{v, 4097, 4095, 4099};
+        c.ab = ab;
+        c.c = ct;
+        c.tb = tb;
+        all.push_back(c);
+      }
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ladder, GemmTcTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return Name(info.param); });
+
+// --- API contract (no GPU needed) -------------------------------------------------
+
+GemmArgs SmallArgs() {
+  GemmArgs a;
+  a.m = a.n = a.k = 64;
+  a.lda = a.ldb = a.ldc = 64;
+  a.a = a.b = reinterpret_cast<void*>(uintptr_t(1) << 20);
+  a.c = reinterpret_cast<void*>(uintptr_t(1) << 21);
+  a.ab_type = a.c_type = DType::kBF16;
+  return a;
+}
+
+TEST(GemmTcApi, ListsEveryRung) {
+  const auto& v = kernels::GemmTcVariants();
+  for (const char* name :
+       {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
+        "wgmma_cluster_persistent"})
+    EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
+}
+
+TEST(GemmTcApi, RefusesWithReasons) {
+  GemmArgs a = SmallArgs();
+  EXPECT_TRUE(kernels::CanImplementGemmTc(a, ""));
+  EXPECT_FALSE(kernels::CanImplementGemmTc(a, "no_such_rung"));
+  EXPECT_EQ(kernels::LaunchGemmTc(a, "no_such_rung", nullptr, nullptr), cudaErrorInvalidValue);
+
+  GemmArgs f = a;
+  f.ab_type = f.c_type = DType::kF32;
+  EXPECT_FALSE(kernels::CanImplementGemmTc(f, ""));  // exact fp32 is not ours
+  f.allow_tf32 = true;
+  EXPECT_TRUE(kernels::CanImplementGemmTc(f, "mma_sync"));
+  EXPECT_FALSE(kernels::CanImplementGemmTc(f, "wgmma_ws"));  // tf32 wgmma needs K-major B
+  f.trans_b = true;
+  EXPECT_TRUE(kernels::CanImplementGemmTc(f, "wgmma_ws"));
+
+  GemmArgs m = a;
+  m.lda = 65;  // 130 bytes: not a TMA stride
+  EXPECT_TRUE(kernels::CanImplementGemmTc(m, ""));
+  EXPECT_TRUE(kernels::CanImplementGemmTc(m, "mma_sync"));
+  const kernels::Support s = kernels::CanImplementGemmTc(m, "wgmma_persistent");
+  EXPECT_FALSE(s);
+  EXPECT_FALSE(s.reason.empty());
+
+  GemmArgs bad = a;
+  bad.ldc = 10;
+  EXPECT_FALSE(kernels::CanImplementGemmTc(bad, ""));
+  EXPECT_EQ(kernels::LaunchGemmTc(bad, "", nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(GemmTcApi, EmptyProblemIsANoOp) {
+  GemmArgs a = SmallArgs();
+  a.m = 0;
+  EXPECT_EQ(kernels::LaunchGemmTc(a, "wgmma_ws", nullptr, nullptr), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace gpucompute::testing

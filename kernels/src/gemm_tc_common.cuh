@@ -1,0 +1,113 @@
+// Pieces shared by every rung of the tensor-core GEMM ladder: the kernel
+// parameter block, tile-order decoding and the alpha/beta epilogue store.
+// Included by gemm_tc.cu only.
+#ifndef GPUCOMPUTE_KERNELS_SRC_GEMM_TC_COMMON_CUH_
+#define GPUCOMPUTE_KERNELS_SRC_GEMM_TC_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace gpucompute::kernels::tc {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// Everything a kernel needs besides the tensor maps, built on the host.
+struct TcParams {
+  int m = 0, n = 0, k = 0;
+  int batch = 1;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  float alpha = 1.f, beta = 0.f;
+  int c_type = 0;     // DType of C as int
+  int c_pairs = 0;    // two adjacent C elements may be moved as one aligned vector
+  int a_vec = 0;      // mma_sync: A rows can be copied in aligned 16-byte pieces
+  int b_vec = 0;      // mma_sync: likewise B
+  int a_batched = 1;  // wgmma: TMA batch coordinate of A is the batch index (0: shared A)
+  int b_batched = 1;
+  int tiles_m = 0, tiles_n = 0;
+  int group_m = 1;    // tile order: groups of group_m tile rows, column by column inside
+  int64_t tiles = 0;  // batch * tiles_m * tiles_n
+};
+
+// Tile t of the walk -> (batch, tile row, tile column). group_m == 1 is the
+// plain row-major order; larger groups keep the blocks resident at one time
+// on a compact patch of C, so that their A rows and B columns stay in L2.
+__device__ __forceinline__ void DecodeTile(const TcParams& p, int64_t t, int& b, int& tm, int& tn) {
+  const int64_t per_batch = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  b = static_cast<int>(t / per_batch);
+  const int64_t r = t - b * per_batch;
+  const int64_t group_tiles = static_cast<int64_t>(p.group_m) * p.tiles_n;
+  const int group = static_cast<int>(r / group_tiles);
+  const int first_m = group * p.group_m;
+  const int rows = min(p.tiles_m - first_m, p.group_m);
+  const int rr = static_cast<int>(r - group * group_tiles);
+  tm = first_m + rr % rows;
+  tn = rr / rows;
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(v);
+  else return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
+  else return __float2bfloat16_rn(v);
+}
+
+template <typename T> struct Pair;
+template <> struct Pair<float> { using Type = float2; };
+template <> struct Pair<__half> { using Type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using Type = __nv_bfloat162; };
+
+// C[row, col..col+1] = alpha * (v0, v1) + beta * C (C read only when beta != 0).
+// `c` is this batch's C; out-of-range elements are skipped. col is even.
+template <typename Tc>
+__device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, int row, int col, float v0,
+                                        float v1) {
+  if (row >= p.m || col >= p.n) return;
+  Tc* dst = c + static_cast<int64_t>(row) * p.ldc + col;
+  v0 *= p.alpha;
+  v1 *= p.alpha;
+  if (p.c_pairs && col + 1 < p.n) {
+    using P = typename Pair<Tc>::Type;
+    P* dp = reinterpret_cast<P*>(dst);
+    if (p.beta != 0.f) {
+      const P old = *dp;
+      v0 = fmaf(p.beta, ToFloat(old.x), v0);
+      v1 = fmaf(p.beta, ToFloat(old.y), v1);
+    }
+    P out;
+    out.x = FromFloat<Tc>(v0);
+    out.y = FromFloat<Tc>(v1);
+    *dp = out;
+    return;
+  }
+  if (p.beta != 0.f) v0 = fmaf(p.beta, ToFloat(dst[0]), v0);
+  dst[0] = FromFloat<Tc>(v0);
+  if (col + 1 < p.n) {
+    if (p.beta != 0.f) v1 = fmaf(p.beta, ToFloat(dst[1]), v1);
+    dst[1] = FromFloat<Tc>(v1);
+  }
+}
+
+template <typename Tc>
+__device__ __forceinline__ Tc* BatchC(const TcParams& p, int b) {
+  return static_cast<Tc*>(p.c) + static_cast<int64_t>(b) * p.stride_c;
+}
+
+}  // namespace gpucompute::kernels::tc
+
+#endif  // GPUCOMPUTE_KERNELS_SRC_GEMM_TC_COMMON_CUH_
