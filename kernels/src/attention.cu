@@ -1,1 +1,486 @@
-// Placeholder: filled in by the attention ladder.
+// Attention forward, O = softmax(scale Q K^T + mask) V: the ladder.
+//
+// What must be done, per (batch, query head): 4 * seq_q * seq_kv * head_dim
+// FLOPs (two GEMMs; half of that under the causal mask), and at least Q, K, V
+// read once and O written once: 2 bytes * head_dim * (2 seq_q heads_q +
+// 2 seq_kv heads_kv) * batch. At the benchmark sizes (32k tokens, heads *
+// head_dim = 2048, bf16) that is 0.55 TFLOP against 0.5 GB at seq 4096: the
+// floor is the tensor cores (~990 TFLOP/s dense bf16 on the H200, ~0.55 ms),
+// not HBM (~0.12 ms at 4.2 TB/s). Decode (seq_q 1..16 against 32k keys) is the
+// other way round: K and V must stream once at HBM bandwidth.
+//
+// Versions, with what each MEASURED on the H200 (bf16, 32k tokens, heads *
+// head_dim = 2048, same-run ratios to PyTorch SDPA's FlashAttention-2 and
+// cuDNN backends; all numbers in kernels/bench/results/attention.md):
+//   reference   - the "standard attention" of the derivation: S = scale Q K^T
+//                 written to scratch (fp32), a row softmax in place, O = P V,
+//                 one thread per element. O(seq^2) scratch and traffic; the
+//                 GPU oracle for small sizes. 176 ms at seq 1k, d 64
+//                 (1.6 TFLOP/s).
+//   flash_mma   - FlashAttention-2: online softmax, Q tile resident, K/V tiles
+//                 streamed through a two-stage cp.async ring, mma.sync
+//                 m16n8k16 with ldmatrix from XOR-swizzled tiles, 32 query rows
+//                 per warp, causal tiles above the diagonal skipped.
+//                 230-270 TFLOP/s = 0.75-0.85x FA2 (mma.sync tops out well
+//                 below wgmma on Hopper). Query heads of one kv head packed into
+//                 the rows and keys split over blocks (merged by LSE) for short
+//                 query blocks: decode seq_q 16 vs 32k keys, GQA 4: 4.35x FA2,
+//                 2.3x cuDNN. A 16-row decode tile whose four warps split the
+//                 keys (merged in shared memory) took seq_q 1 from 0.365 to
+//                 0.265 ms, and one wave of equal key splits (instead of 17
+//                 splits in 2.75 waves) to 0.255 ms = 4.2 TB/s, 0.99-1.00x FA2.
+//   flash_wgmma - Hopper: TMA into a multi-stage K/V ring on mbarriers, a
+//                 producer warpgroup and two or three consumer warpgroups
+//                 (setmaxnreg), wgmma for Q K^T (both operands in shared
+//                 memory) and P V (P from registers, V transposed by the
+//                 instruction). 333-530 TFLOP/s = 1.11-1.57x FA2, 0.70-0.94x
+//                 cuDNN. Three consumers (192-row tiles) at head_dim 64 took
+//                 seq 4k from 383 to 407 and 16k from 397 to 434 TFLOP/s but
+//                 seq 1k causal from 248 down to 221, so seq_q < 2048 keeps two.
+//   flash_wgmma_pipelined - the same with the softmax of block n overlapping
+//                 P V of block n - 1 inside each warpgroup. A REGRESSION as
+//                 built: 0.65-0.95x flash_wgmma (at head_dim 128 the compiler
+//                 keeps the 168-register entry cap, spills 208 bytes, injects
+//                 warpgroup.arrive waits and serialises the wgmmas: ptxas
+//                 C7519 / C7512). Kept as a measured rung.
+// Best version against the floor: 530 TFLOP/s at d 128 is 54% of the ~990
+// TFLOP/s dense bf16 peak; decode streams K/V at 4.2 TB/s, the copy ceiling.
+#include "gpucompute/kernels/attention.h"
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "attention_common.cuh"
+#include "attention_mma.cuh"
+#include "attention_wgmma.cuh"
+
+namespace gpucompute::kernels {
+namespace attention {
+namespace {
+
+// ---------------------------------------------------------------------------
+// reference: S materialised.
+// ---------------------------------------------------------------------------
+
+// S[bh, i, j] = scale q_i . k_j, or -inf where the causal mask hides key j.
+// One thread per (i, j); a (16 x 16) block of them.
+template <typename T>
+__global__ void RefScoresKernel(const AttnParams p, int head_dim, float* S) {
+  const int j = blockIdx.x * 16 + threadIdx.x;
+  const int i = blockIdx.y * 16 + threadIdx.y;
+  const int bh = blockIdx.z;
+  if (i >= p.seq_q || j >= p.seq_kv) return;
+  const int b = bh / p.heads_q, h = bh % p.heads_q;
+  const int bkv = b * p.heads_kv + h / p.group;
+  const T* qr = static_cast<const T*>(p.q) + (int64_t(bh) * p.seq_q + i) * head_dim;
+  const T* kr = static_cast<const T*>(p.k) + (int64_t(bkv) * p.seq_kv + j) * head_dim;
+  float acc = 0.f;
+  for (int d = 0; d < head_dim; ++d) acc = fmaf(ToFloat(qr[d]), ToFloat(kr[d]), acc);
+  const bool visible = !p.causal || j <= i + p.causal_off;
+  S[(int64_t(bh) * p.seq_q + i) * p.seq_kv + j] = visible ? acc * p.scale : -INFINITY;
+}
+
+// Row softmax of S in place (S becomes P) and the row LSE. One block per row.
+__global__ void __launch_bounds__(256) RefSoftmaxKernel(const AttnParams p, float* S) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  float* s = S + row * p.seq_kv;
+  auto block_reduce = [&](float x, bool is_max) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float y = __shfl_xor_sync(0xffffffffu, x, o);
+      x = is_max ? fmaxf(x, y) : x + y;
+    }
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+    __syncthreads();
+    x = red[0];
+    for (int w = 1; w < int(blockDim.x >> 5); ++w) x = is_max ? fmaxf(x, red[w]) : x + red[w];
+    __syncthreads();
+    return x;
+  };
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < p.seq_kv; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  mx = block_reduce(mx, true);
+  const bool empty = mx == -INFINITY;
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < p.seq_kv; j += blockDim.x) sum += empty ? 0.f : expf(s[j] - mx);
+  sum = block_reduce(sum, false);
+  const float inv = empty ? 0.f : 1.f / sum;
+  for (int j = threadIdx.x; j < p.seq_kv; j += blockDim.x)
+    s[j] = empty ? 0.f : expf(s[j] - mx) * inv;
+  if (threadIdx.x == 0 && p.lse) p.lse[row] = empty ? -INFINITY : mx + logf(sum);
+}
+
+// O[bh, i, d] = sum_j P[bh, i, j] V[bkv, j, d]. One block per row, one thread
+// per d.
+template <typename T>
+__global__ void RefPVKernel(const AttnParams p, int head_dim, const float* P) {
+  const int64_t row = blockIdx.x;  // bh * seq_q + i
+  const int bh = int(row / p.seq_q);
+  const int b = bh / p.heads_q, h = bh % p.heads_q;
+  const int bkv = b * p.heads_kv + h / p.group;
+  const float* pr = P + row * p.seq_kv;
+  const T* v = static_cast<const T*>(p.v) + int64_t(bkv) * p.seq_kv * head_dim;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < p.seq_kv; ++j)
+      acc = fmaf(pr[j], ToFloat(v[int64_t(j) * head_dim + d]), acc);
+    static_cast<T*>(p.o)[row * head_dim + d] = FromFloat<T>(acc);
+  }
+}
+
+template <typename T>
+cudaError_t LaunchReference(const AttnParams& p, int head_dim, float* S, cudaStream_t stream) {
+  dim3 grid((p.seq_kv + 15) / 16, (p.seq_q + 15) / 16, p.batch * p.heads_q);
+  RefScoresKernel<T><<<grid, dim3(16, 16), 0, stream>>>(p, head_dim, S);
+  const unsigned rows = unsigned(p.batch) * p.heads_q * p.seq_q;
+  RefSoftmaxKernel<<<rows, 256, 0, stream>>>(p, S);
+  RefPVKernel<T><<<rows, std::min(head_dim, 256), 0, stream>>>(p, head_dim, S);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------
+// flash_mma: tile choice, key splitting, launch.
+// ---------------------------------------------------------------------------
+
+int SmCount() {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+struct MmaPlan {
+  bool decode = false;  // 16-row tiles, warps split the keys (<= 16 packed rows)
+  bool small = false;   // 64-row tiles (one m16 tile per warp) for short query blocks
+  int br = 128;
+  int bc = 64;
+  int m_blocks = 1;
+  int splits = 1;
+  int split_len = 0;
+  size_t workspace = 0;
+};
+
+// Resident decode blocks per SM (shared memory bounds them), asked once.
+template <typename T, int kD>
+int DecodeBlocksPerSm() {
+  static const int n = [] {
+    auto kernel = FlashMmaDecodeKernel<T, kD>;
+    int blocks = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(DecodeTile<kD>::kSmemBytes)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, DecodeTile<kD>::kThreads,
+                                                      DecodeTile<kD>::kSmemBytes) != cudaSuccess)
+      blocks = 1;
+    return std::max(1, blocks);
+  }();
+  return n;
+}
+
+int DecodeBlocksPerSm(DType t, int64_t d) {
+  if (t == DType::kF32)
+    return d == 64 ? DecodeBlocksPerSm<float, 64>() : DecodeBlocksPerSm<float, 128>();
+  if (t == DType::kF16)
+    return d == 64 ? DecodeBlocksPerSm<__half, 64>() : DecodeBlocksPerSm<__half, 128>();
+  return d == 64 ? DecodeBlocksPerSm<__nv_bfloat16, 64>() : DecodeBlocksPerSm<__nv_bfloat16, 128>();
+}
+
+MmaPlan PlanMma(const AttentionArgs& a) {
+  MmaPlan pl;
+  const int64_t rows = a.heads_q / a.heads_kv * a.seq_q;
+  pl.decode = rows <= 16;
+  pl.small = !pl.decode && rows <= 64;
+  pl.br = pl.decode ? 16 : (pl.small ? 64 : 128);
+  pl.bc = (pl.decode || pl.small || a.head_dim == 64) ? 64 : 32;
+  pl.m_blocks = int((rows + pl.br - 1) / pl.br);
+  const int64_t ctas = int64_t(pl.m_blocks) * a.batch * a.heads_kv;
+  const int sms = SmCount();
+  const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
+  if (ctas < sms && key_blocks >= 8) {
+    // Decode: exactly one wave of equal splits over every resident block slot
+    // (measured: 17 splits in 2.75 waves lost ~8% to the tail). Otherwise
+    // about four blocks per SM.
+    const int64_t want =
+        pl.decode
+            ? std::max<int64_t>(1, int64_t(sms) * DecodeBlocksPerSm(a.dtype, a.head_dim) / ctas)
+            : (4 * int64_t(sms) + ctas - 1) / ctas;
+    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({want, key_blocks / 4, 128}));
+    const int64_t per = (key_blocks + splits - 1) / splits;
+    pl.split_len = int(per * pl.bc);
+    pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);
+    if (pl.splits > 1)
+      pl.workspace = size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * (a.head_dim + 1) * 4;
+    else
+      pl.split_len = 0;
+  }
+  return pl;
+}
+
+template <typename T, typename Tile, bool kDecode = false>
+cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t stream) {
+  void (*kernel)(const AttnParams);
+  if constexpr (kDecode) {
+    kernel = FlashMmaDecodeKernel<T, Tile::kD>;
+  } else {
+    kernel = FlashMmaKernel<T, Tile>;
+  }
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
+  if (attr != cudaSuccess) return attr;
+  dim3 grid(pl.m_blocks, p.batch * p.heads_kv, pl.splits);
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
+  if (pl.splits > 1) {
+    const unsigned rows = unsigned(p.batch) * p.heads_q * p.seq_q;
+    CombineSplitsKernel<T, Tile::kD><<<rows, Tile::kD, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchMma(const AttnParams& p, const MmaPlan& pl, int head_dim, cudaStream_t stream) {
+  if (pl.decode) {
+    return head_dim == 64 ? LaunchMmaTile<T, DecodeTile<64>, true>(p, pl, stream)
+                          : LaunchMmaTile<T, DecodeTile<128>, true>(p, pl, stream);
+  }
+  if (head_dim == 64) {
+    return pl.small ? LaunchMmaTile<T, MmaTile<64, 1, 64>>(p, pl, stream)
+                    : LaunchMmaTile<T, MmaTile<64, 2, 64>>(p, pl, stream);
+  }
+  return pl.small ? LaunchMmaTile<T, MmaTile<128, 1, 64>>(p, pl, stream)
+                  : LaunchMmaTile<T, MmaTile<128, 2, 32>>(p, pl, stream);
+}
+
+// ---------------------------------------------------------------------------
+// flash_wgmma: tensor maps, launch.
+// ---------------------------------------------------------------------------
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, found once through the runtime (no link
+// against libcuda).
+EncodeTiledFn EncodeTiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return EncodeTiledFn(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// A [planes, rows, d] 16-bit tensor as a 3-D tensor map with (box_rows x 64)
+// boxes, 128-byte swizzle, zero fill out of bounds.
+bool MakeTensorMap(CUtensorMap* map, const void* ptr, DType dtype, int64_t planes, int64_t rows,
+                   int64_t d, int box_rows) {
+  EncodeTiledFn enc = EncodeTiled();
+  if (!enc) return false;
+  const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(planes)};
+  const cuuint64_t strides[2] = {cuuint64_t(d * 2), cuuint64_t(rows * d * 2)};
+  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return enc(map,
+             dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename M, int kD, bool kCausal, bool kPipelined, int kConsumers>
+cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStream_t stream) {
+  using Tile = WgmmaTile<kD, kConsumers>;
+  CUtensorMap tq, tk, tv;
+  if (!MakeTensorMap(&tq, a.q, a.dtype, a.batch * a.heads_q, a.seq_q, kD, Tile::kBr) ||
+      !MakeTensorMap(&tk, a.k, a.dtype, a.batch * a.heads_kv, a.seq_kv, kD, Tile::kBc) ||
+      !MakeTensorMap(&tv, a.v, a.dtype, a.batch * a.heads_kv, a.seq_kv, kD, Tile::kBc))
+    return cudaErrorNotSupported;
+  auto kernel = FlashWgmmaKernel<M, Tile, kCausal, kPipelined>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
+  if (attr != cudaSuccess) return attr;
+  dim3 grid(unsigned((a.seq_q + Tile::kBr - 1) / Tile::kBr), unsigned(a.batch * a.heads_q));
+  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(tq, tk, tv, p);
+  return cudaGetLastError();
+}
+
+// Three consumer warpgroups (192 rows) at head_dim 64 for long query blocks,
+// where the softmax weighs most against the GEMMs (measured +5..10% at 4k and
+// 16k); two at 1k (192-row tiles waste a partial tile and balance causal work
+// worse: -11% causal) and at head_dim 128 (registers).
+template <typename M, bool kPipelined>
+cudaError_t LaunchWgmma(const AttentionArgs& a, const AttnParams& p, cudaStream_t stream) {
+  if (a.head_dim == 64) {
+    if constexpr (!kPipelined) {
+      if (a.seq_q >= 2048)
+        return a.causal ? LaunchWgmmaTile<M, 64, true, false, 3>(a, p, stream)
+                        : LaunchWgmmaTile<M, 64, false, false, 3>(a, p, stream);
+    }
+    return a.causal ? LaunchWgmmaTile<M, 64, true, kPipelined, 2>(a, p, stream)
+                    : LaunchWgmmaTile<M, 64, false, kPipelined, 2>(a, p, stream);
+  }
+  return a.causal ? LaunchWgmmaTile<M, 128, true, kPipelined, 2>(a, p, stream)
+                  : LaunchWgmmaTile<M, 128, false, kPipelined, 2>(a, p, stream);
+}
+
+// ---------------------------------------------------------------------------
+// Argument checks and dispatch.
+// ---------------------------------------------------------------------------
+
+const std::vector<std::string>& Names() {
+  static const std::vector<std::string> v = {"reference", "flash_mma", "flash_wgmma",
+                                             "flash_wgmma_pipelined"};
+  return v;
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+Support CheckCommon(const AttentionArgs& a) {
+  if (!a.q || !a.k || !a.v || !a.o) return Support::No("null q, k, v or o");
+  if (a.batch < 1 || a.heads_q < 1 || a.heads_kv < 1 || a.seq_q < 1 || a.seq_kv < 1 ||
+      a.head_dim < 1)
+    return Support::No("every size must be >= 1");
+  if (a.heads_q % a.heads_kv != 0) return Support::No("heads_q must be a multiple of heads_kv");
+  const int64_t big = int64_t(1) << 31;
+  if (a.batch * a.heads_q * a.seq_q >= big || a.batch * a.heads_kv * a.seq_kv >= big ||
+      a.batch * a.heads_q >= 65536)
+    return Support::No("too large: rows must fit in int32 and batch * heads_q < 65536");
+  return Support::Yes();
+}
+
+Support CheckFlash(const AttentionArgs& a) {
+  if (a.head_dim != 64 && a.head_dim != 128) return Support::No("head_dim must be 64 or 128");
+  if (!Aligned16(a.q) || !Aligned16(a.k) || !Aligned16(a.v) || !Aligned16(a.o))
+    return Support::No("q, k, v and o must be 16-byte aligned");
+  return Support::Yes();
+}
+
+Support CheckVariant(const AttentionArgs& a, std::string_view variant) {
+  Support s = CheckCommon(a);
+  if (!s) return s;
+  if (variant == "reference") {
+    if (a.head_dim > 1024) return Support::No("reference: head_dim must be <= 1024");
+    return Support::Yes();
+  }
+  if (variant == "flash_mma") return CheckFlash(a);
+  if (variant == "flash_wgmma" || variant == "flash_wgmma_pipelined") {
+    if (a.dtype == DType::kF32) return Support::No("flash_wgmma: fp16 or bf16 inputs only");
+    s = CheckFlash(a);
+    if (!s) return s;
+    if (!EncodeTiled()) return Support::No("flash_wgmma: cuTensorMapEncodeTiled unavailable");
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (major != 9) return Support::No("flash_wgmma: needs an sm_90 (Hopper) GPU");
+    return Support::Yes();
+  }
+  return Support::No("unknown variant '" + std::string(variant) + "'");
+}
+
+// The fastest version for these arguments: flash_wgmma for query blocks of
+// 128 rows and more (fp16/bf16), flash_mma (row packing + key splits) for short
+// ones and for fp32, the reference for anything else (head_dim not 64/128,
+// misaligned pointers).
+std::string_view Pick(const AttentionArgs& a) {
+  if (a.seq_q >= 128 && CheckVariant(a, "flash_wgmma")) return "flash_wgmma";
+  if (CheckVariant(a, "flash_mma")) return "flash_mma";
+  return "reference";
+}
+
+AttnParams MakeParams(const AttentionArgs& a) {
+  AttnParams p{};
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.o = a.o;
+  p.lse = a.lse;
+  p.batch = int(a.batch);
+  p.heads_q = int(a.heads_q);
+  p.heads_kv = int(a.heads_kv);
+  p.group = int(a.heads_q / a.heads_kv);
+  p.seq_q = int(a.seq_q);
+  p.seq_kv = int(a.seq_kv);
+  p.causal = a.causal ? 1 : 0;
+  p.causal_off = int(a.seq_kv - a.seq_q);
+  p.scale = a.scale > 0.f ? a.scale : float(1.0 / std::sqrt(double(a.head_dim)));
+  p.scale_log2 = p.scale * kLog2e;
+  p.num_splits = 1;
+  return p;
+}
+
+}  // namespace
+}  // namespace attention
+
+const std::vector<std::string>& AttentionVariants() { return attention::Names(); }
+
+Support CanImplementAttention(const AttentionArgs& args, std::string_view variant) {
+  if (variant.empty()) {
+    Support s = attention::CheckCommon(args);
+    if (!s) return s;
+    return attention::CheckVariant(args, attention::Pick(args));
+  }
+  return attention::CheckVariant(args, variant);
+}
+
+size_t AttentionWorkspaceBytes(const AttentionArgs& args, std::string_view variant) {
+  if (variant.empty()) variant = attention::Pick(args);
+  if (!attention::CheckVariant(args, variant)) return 0;
+  if (variant == "reference")
+    return size_t(args.batch) * args.heads_q * args.seq_q * args.seq_kv * sizeof(float);
+  if (variant == "flash_mma") return attention::PlanMma(args).workspace;
+  return 0;
+}
+
+cudaError_t LaunchAttention(const AttentionArgs& args, std::string_view variant, void* workspace,
+                            cudaStream_t stream) {
+  using namespace attention;
+  if (variant.empty()) variant = Pick(args);
+  if (!CheckVariant(args, variant)) return cudaErrorInvalidValue;
+  AttnParams p = MakeParams(args);
+  const int d = int(args.head_dim);
+  if (variant == "reference") {
+    if (!workspace) return cudaErrorInvalidValue;
+    float* S = static_cast<float*>(workspace);
+    switch (args.dtype) {
+      case DType::kF32: return LaunchReference<float>(p, d, S, stream);
+      case DType::kF16: return LaunchReference<__half>(p, d, S, stream);
+      case DType::kBF16: return LaunchReference<__nv_bfloat16>(p, d, S, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
+  if (variant == "flash_mma") {
+    const MmaPlan pl = PlanMma(args);
+    if (pl.splits > 1) {
+      if (!workspace) return cudaErrorInvalidValue;
+      p.num_splits = pl.splits;
+      p.split_len = pl.split_len;
+      p.part_o = static_cast<float*>(workspace);
+      p.part_lse = p.part_o + size_t(pl.splits) * args.batch * args.heads_q * args.seq_q * d;
+    }
+    switch (args.dtype) {
+      case DType::kF32: return LaunchMma<float>(p, pl, d, stream);
+      case DType::kF16: return LaunchMma<__half>(p, pl, d, stream);
+      case DType::kBF16: return LaunchMma<__nv_bfloat16>(p, pl, d, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
+  if (variant == "flash_wgmma") {
+    if (args.dtype == DType::kF16) return LaunchWgmma<__half, false>(args, p, stream);
+    return LaunchWgmma<__nv_bfloat16, false>(args, p, stream);
+  }
+  // flash_wgmma_pipelined
+  if (args.dtype == DType::kF16) return LaunchWgmma<__half, true>(args, p, stream);
+  return LaunchWgmma<__nv_bfloat16, true>(args, p, stream);
+}
+
+}  // namespace gpucompute::kernels

@@ -50,8 +50,8 @@ struct AttentionArgs {
   float scale = 0.f;  // <= 0 means 1 / sqrt(head_dim)
 };
 
-// Every version, by its stable lower-case name, slowest first:
-// "reference", "flash_mma", "flash_wgmma".
+// Every version, by its stable lower-case name, in ladder order:
+// "reference", "flash_mma", "flash_wgmma", "flash_wgmma_pipelined".
 const std::vector<std::string>& AttentionVariants();
 
 // Whether `variant` (empty: the fastest version for these arguments) can run

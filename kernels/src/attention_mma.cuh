@@ -1,0 +1,501 @@
+// flash_mma: FlashAttention-2 forward on warp-level tensor cores.
+//
+// One block owns kBr query rows (4 warps x 16 kMT rows, each warp its own rows,
+// so the softmax statistics never leave a warp) and streams the key/value
+// tiles of its (batch, kv head) through a two-stage cp.async ring. Per key
+// tile: S = Q K^T (mma.sync m16n8k16, Q and K fragments by ldmatrix), mask,
+// online softmax in registers, O += P V (P re-packed from the S accumulators
+// as A fragments, V fragments by ldmatrix.trans). Shared tiles are stored with
+// their 16-byte chunks XOR-swizzled by (row % 8), so ldmatrix and cp.async are
+// free of bank conflicts without padding.
+//
+// Rows are packed over the query heads that share one kv head: row r of the
+// (batch, kv head) problem is query head kvh * group + r / seq_q, position
+// r % seq_q. For prefill that changes nothing; for decode (seq_q of 1..16 with
+// grouped heads) it fills the tile with useful rows. When the grid would not
+// fill the GPU, the keys are split over gridDim.z and a second kernel merges
+// the fp32 partial results by their LSE.
+#ifndef GPUCOMPUTE_KERNELS_SRC_ATTENTION_MMA_CUH_
+#define GPUCOMPUTE_KERNELS_SRC_ATTENTION_MMA_CUH_
+
+#include "attention_common.cuh"
+
+namespace gpucompute::kernels::attention {
+
+template <int kD_, int kMT_, int kBc_>
+struct MmaTile {
+  static constexpr int kD = kD_;
+  static constexpr int kMT = kMT_;                 // m16 tiles per warp
+  static constexpr int kBc = kBc_;                 // key tile (BLOCK_N)
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBr = kWarps * 16 * kMT;    // query tile (BLOCK_M)
+  static constexpr int kStages = 2;                // K/V ring depth
+  static constexpr int kChunks = kD / 8;           // 16-byte chunks per row
+  static constexpr int kNT = kBc / 8;              // n8 tiles of S per m16 tile
+  static constexpr int kDT = kD / 8;               // n8 tiles of O per m16 tile
+  // sQ (kBr, kD) + sK, sV (kStages, kBc, kD), 16-bit elements.
+  static constexpr size_t kSmemBytes = size_t(kBr + 2 * kStages * kBc) * kD * 2;
+  static_assert(kD % 64 == 0, "the (row % 8) chunk swizzle needs >= 8 chunks per row");
+  static_assert(kBc % 16 == 0, "key tile must be a multiple of the mma k (16)");
+  static_assert((kBr * kChunks) % kThreads == 0 && (kBc * kChunks) % kThreads == 0,
+                "tile loads are split evenly over the threads");
+};
+
+// Element offset of (row, 16-byte chunk) in a swizzled tile of width kD.
+template <int kD>
+__device__ __forceinline__ int SwzOff(int row, int chunk) {
+  return row * kD + ((chunk ^ (row & 7)) << 3);
+}
+
+// Copies 8 elements (one chunk) of a row into the swizzled shared tile; a null
+// `src` zero-fills. 16-bit inputs go through cp.async; fp32 inputs are loaded,
+// rounded to M and stored synchronously.
+template <typename T, typename M, int kD>
+__device__ __forceinline__ void LoadChunk(M* tile, int row, int chunk, const T* src,
+                                          const void* any_valid) {
+  M* dst = tile + SwzOff<kD>(row, chunk);
+  if constexpr (sizeof(T) == 2) {
+    CpAsync16(SmemAddr(dst), src ? static_cast<const void*>(src + chunk * 8) : any_valid,
+              src ? 16 : 0);
+  } else {
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    if (src) {
+      a = __ldg(reinterpret_cast<const float4*>(src + chunk * 8));
+      b = __ldg(reinterpret_cast<const float4*>(src + chunk * 8 + 4));
+    }
+    uint4 packed;
+    packed.x = PackPair<M>(a.x, a.y);
+    packed.y = PackPair<M>(a.z, a.w);
+    packed.z = PackPair<M>(b.x, b.y);
+    packed.w = PackPair<M>(b.z, b.w);
+    *reinterpret_cast<uint4*>(dst) = packed;
+  }
+}
+
+template <typename T, typename Tile>
+__global__ void __launch_bounds__(Tile::kThreads)
+    FlashMmaKernel(const AttnParams p) {
+  using M = typename MmaType<T>::type;
+  constexpr int kD = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kMT = Tile::kMT;
+  constexpr int kNT = Tile::kNT, kDT = Tile::kDT, kChunks = Tile::kChunks;
+  extern __shared__ uint4 smem_raw[];
+  M* sQ = reinterpret_cast<M*>(smem_raw);
+  M* sK = sQ + kBr * kD;
+  M* sV = sK + Tile::kStages * kBc * kD;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int bkv = blockIdx.y;  // batch * heads_kv + kv head
+  const int b = bkv / p.heads_kv, kvh = bkv % p.heads_kv;
+  const int rows_total = p.group * p.seq_q;
+  const int m_block = p.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int r0 = m_block * kBr;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k) + int64_t(bkv) * p.seq_kv * kD;
+  const T* v = static_cast<const T*>(p.v) + int64_t(bkv) * p.seq_kv * kD;
+
+  // Keys this block must visit: all, or under the causal mask up to the last
+  // key its latest query position sees; then this block's split of them.
+  int key_end = p.seq_kv;
+  if (p.causal) {
+    const int r_last = min(r0 + kBr, rows_total) - 1;
+    const int i_last = (r_last / p.seq_q == r0 / p.seq_q) ? r_last % p.seq_q : p.seq_q - 1;
+    key_end = max(0, min(p.seq_kv, i_last + p.causal_off + 1));
+  }
+  int key_begin = 0;
+  if (p.num_splits > 1) {
+    key_begin = blockIdx.z * p.split_len;
+    key_end = min(key_end, key_begin + p.split_len);
+  }
+  const int nblocks = key_end > key_begin ? (key_end - key_begin + kBc - 1) / kBc : 0;
+
+  // Query position i of this thread's rows (mt, h), for the causal mask.
+  int row_i[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      row_i[mt][h] = (r0 + warp * 16 * kMT + mt * 16 + g + 8 * h) % p.seq_q;
+
+  // Q tile (stage-0 group together with the first K/V tile).
+  for (int c = tid; c < kBr * kChunks; c += Tile::kThreads) {
+    const int row = c / kChunks, chunk = c % kChunks, r = r0 + row;
+    const T* src = nullptr;
+    if (r < rows_total) {
+      const int head = kvh * p.group + r / p.seq_q, i = r % p.seq_q;
+      src = q + ((int64_t(b) * p.heads_q + head) * p.seq_q + i) * kD;
+    }
+    LoadChunk<T, M, kD>(sQ, row, chunk, src, p.q);
+  }
+  auto load_kv = [&](int blk, int stage) {
+    const int n0 = key_begin + blk * kBc;
+    M* dk = sK + stage * kBc * kD;
+    M* dv = sV + stage * kBc * kD;
+    for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
+      const bool ok = key < p.seq_kv;
+      LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * kD : nullptr, p.k);
+      LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * kD : nullptr, p.v);
+    }
+  };
+  if (nblocks > 0) load_kv(0, 0);
+  CpAsyncCommit();
+
+  float o[kMT][kDT][4];
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kDT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][j][e] = 0.f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
+
+  // Lane-constant parts of the ldmatrix addresses.
+  const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;      // Q (A)
+  const int k_row = (lane & 7) + 8 * (lane >> 4), k_chunk = (lane >> 3) & 1;      // K (B)
+  const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1), v_chunk = lane >> 4;      // V (B, trans)
+  const int warp_row0 = warp * 16 * kMT;
+  // Lowest query position of the block: a key tile wholly at or below it
+  // needs no causal mask.
+  const int i_first = r0 % p.seq_q;
+  const bool single_head_block = (r0 / p.seq_q) == ((min(r0 + kBr, rows_total) - 1) / p.seq_q);
+
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int stage = blk & 1;
+    if (blk + 1 < nblocks) load_kv(blk + 1, stage ^ 1);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const M* tk = sK + stage * kBc * kD;
+    const M* tv = sV + stage * kBc * kD;
+
+    float s[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        LdMatrixX4(SmemAddr(sQ + SwzOff<kD>(warp_row0 + mt * 16 + a_row, 2 * kk + a_chunk)),
+                   a[mt]);
+#pragma unroll
+      for (int nn = 0; nn < kBc / 16; ++nn) {
+        uint32_t bf[4];
+        LdMatrixX4(SmemAddr(tk + SwzOff<kD>(nn * 16 + k_row, 2 * kk + k_chunk)), bf);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          Mma16816<M>(s[mt][2 * nn], a[mt], bf[0], bf[1]);
+          Mma16816<M>(s[mt][2 * nn + 1], a[mt], bf[2], bf[3]);
+        }
+      }
+    }
+
+    const int n0 = key_begin + blk * kBc;
+    const bool need_mask =
+        n0 + kBc > p.seq_kv ||
+        (p.causal && !(single_head_block && n0 + kBc - 1 <= i_first + p.causal_off));
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      if (need_mask) MaskBlock<kNT>(s[mt], row_i[mt], n0 + 2 * t, p.seq_kv, p.causal, p.causal_off);
+      float alpha[2];
+      OnlineSoftmax<kNT>(s[mt], m[mt], l[mt], alpha, p.scale_log2);
+#pragma unroll
+      for (int j = 0; j < kDT; ++j) {
+        o[mt][j][0] *= alpha[0];
+        o[mt][j][1] *= alpha[0];
+        o[mt][j][2] *= alpha[1];
+        o[mt][j][3] *= alpha[1];
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = PackPair<M>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = PackPair<M>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = PackPair<M>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = PackPair<M>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dd = 0; dd < kD / 16; ++dd) {
+        uint32_t bf[4];
+        LdMatrixX4Trans(SmemAddr(tv + SwzOff<kD>(kk * 16 + v_row, 2 * dd + v_chunk)), bf);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          Mma16816<M>(o[mt][2 * dd], a[mt], bf[0], bf[1]);
+          Mma16816<M>(o[mt][2 * dd + 1], a[mt], bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // the stage just read is refilled next iteration
+  }
+  CpAsyncWait<0>();
+
+  // Epilogue: normalise and store (or store the fp32 partials of this split).
+  T* out = static_cast<T*>(p.o);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    float inv[2], lse[2];
+    FinishRows(m[mt], l[mt], inv, lse, p.scale);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + warp * 16 * kMT + mt * 16 + g + 8 * h;
+      if (r >= rows_total) continue;
+      const int head = kvh * p.group + r / p.seq_q;
+      const int64_t lrow = (int64_t(b) * p.heads_q + head) * p.seq_q + r % p.seq_q;
+      const int64_t off = lrow * kD;
+      if (p.num_splits > 1) {
+        float* po = p.part_o + (int64_t(blockIdx.z) * p.batch * p.heads_q * p.seq_q + lrow) * kD;
+#pragma unroll
+        for (int j = 0; j < kDT; ++j)
+          StorePair<float>(po + 8 * j + 2 * t, o[mt][j][2 * h] * inv[h],
+                           o[mt][j][2 * h + 1] * inv[h]);
+        if (t == 0)
+          p.part_lse[int64_t(blockIdx.z) * p.batch * p.heads_q * p.seq_q + lrow] = lse[h];
+      } else {
+#pragma unroll
+        for (int j = 0; j < kDT; ++j)
+          StorePair<T>(out + off + 8 * j + 2 * t, o[mt][j][2 * h] * inv[h],
+                       o[mt][j][2 * h + 1] * inv[h]);
+        if (t == 0 && p.lse) p.lse[lrow] = lse[h];
+      }
+    }
+  }
+}
+
+// Decode tile: 16 query rows (one m16 tile) shared by all four warps; each
+// warp takes its own 16 keys of every 64-key tile and keeps its own running
+// max, sum and output, merged through shared memory at the end. For a handful
+// of query rows (seq_q 1..4 with grouped heads) this wastes 4x less tensor
+// work than 64-row tiles, so K and V stream at bandwidth.
+template <int kD_>
+struct DecodeTile {
+  static constexpr int kD = kD_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBr = 16;                   // query rows (BLOCK_M)
+  static constexpr int kBc = 16 * kWarps;          // keys per tile (BLOCK_N), 16 per warp
+  static constexpr int kStages = 2;
+  static constexpr int kChunks = kD / 8;
+  static constexpr int kDT = kD / 8;
+  // sQ (kBr, kD) + sK, sV (kStages, kBc, kD), 16-bit; the fp32 merge area
+  // (kWarps, kBr, kD) reuses the K/V ring after the loop.
+  static constexpr size_t kSmemBytes = size_t(kBr + 2 * kStages * kBc) * kD * 2;
+  static_assert(size_t(kWarps) * kBr * kD * 4 + 2 * kWarps * kBr * 4 <=
+                    size_t(2 * kStages * kBc) * kD * 2,
+                "merge area fits in the K/V ring");
+  static_assert((kBc * kChunks) % kThreads == 0, "tile loads split evenly");
+};
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
+    FlashMmaDecodeKernel(const AttnParams p) {
+  using Tile = DecodeTile<kD>;
+  using M = typename MmaType<T>::type;
+  constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kDT = Tile::kDT, kChunks = Tile::kChunks;
+  extern __shared__ uint4 smem_raw[];
+  M* sQ = reinterpret_cast<M*>(smem_raw);
+  M* sK = sQ + kBr * kD;
+  M* sV = sK + Tile::kStages * kBc * kD;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int bkv = blockIdx.y;
+  const int b = bkv / p.heads_kv, kvh = bkv % p.heads_kv;
+  const int rows_total = p.group * p.seq_q;
+  const int r0 = blockIdx.x * kBr;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k) + int64_t(bkv) * p.seq_kv * kD;
+  const T* v = static_cast<const T*>(p.v) + int64_t(bkv) * p.seq_kv * kD;
+
+  int key_end = p.seq_kv;
+  if (p.causal) {
+    const int r_last = min(r0 + kBr, rows_total) - 1;
+    const int i_last = (r_last / p.seq_q == r0 / p.seq_q) ? r_last % p.seq_q : p.seq_q - 1;
+    key_end = max(0, min(p.seq_kv, i_last + p.causal_off + 1));
+  }
+  int key_begin = 0;
+  if (p.num_splits > 1) {
+    key_begin = blockIdx.z * p.split_len;
+    key_end = min(key_end, key_begin + p.split_len);
+  }
+  const int nblocks = key_end > key_begin ? (key_end - key_begin + kBc - 1) / kBc : 0;
+
+  const int row_i[2] = {(r0 + g) % p.seq_q, (r0 + g + 8) % p.seq_q};
+  for (int c = tid; c < kBr * kChunks; c += Tile::kThreads) {
+    const int row = c / kChunks, chunk = c % kChunks, r = r0 + row;
+    const T* src = nullptr;
+    if (r < rows_total) {
+      const int head = kvh * p.group + r / p.seq_q, i = r % p.seq_q;
+      src = q + ((int64_t(b) * p.heads_q + head) * p.seq_q + i) * kD;
+    }
+    LoadChunk<T, M, kD>(sQ, row, chunk, src, p.q);
+  }
+  auto load_kv = [&](int blk, int stage) {
+    const int n0 = key_begin + blk * kBc;
+    M* dk = sK + stage * kBc * kD;
+    M* dv = sV + stage * kBc * kD;
+    for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
+      const bool ok = key < p.seq_kv;
+      LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * kD : nullptr, p.k);
+      LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * kD : nullptr, p.v);
+    }
+  };
+  if (nblocks > 0) load_kv(0, 0);
+  CpAsyncCommit();
+
+  float o[kDT][4];
+#pragma unroll
+  for (int j = 0; j < kDT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_chunk = lane >> 4;
+  const int k_row = (lane & 7) + 8 * (lane >> 4), k_chunk = (lane >> 3) & 1;
+  const int v_row = (lane & 7) + 8 * ((lane >> 3) & 1), v_chunk = lane >> 4;
+  const int wk = warp * 16;  // this warp's keys within a tile
+
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int stage = blk & 1;
+    if (blk + 1 < nblocks) load_kv(blk + 1, stage ^ 1);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const M* tk = sK + stage * kBc * kD;
+    const M* tv = sV + stage * kBc * kD;
+
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[4], bf[4];
+      LdMatrixX4(SmemAddr(sQ + SwzOff<kD>(a_row, 2 * kk + a_chunk)), a);
+      LdMatrixX4(SmemAddr(tk + SwzOff<kD>(wk + k_row, 2 * kk + k_chunk)), bf);
+      Mma16816<M>(s[0], a, bf[0], bf[1]);
+      Mma16816<M>(s[1], a, bf[2], bf[3]);
+    }
+    const int n0 = key_begin + blk * kBc + wk;
+    if (n0 + 16 > p.seq_kv || p.causal)
+      MaskBlock<2>(s, row_i, n0 + 2 * t, p.seq_kv, p.causal, p.causal_off);
+    float alpha[2];
+    OnlineSoftmax<2>(s, m, l, alpha, p.scale_log2);
+#pragma unroll
+    for (int j = 0; j < kDT; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+    uint32_t a[4];
+    a[0] = PackPair<M>(s[0][0], s[0][1]);
+    a[1] = PackPair<M>(s[0][2], s[0][3]);
+    a[2] = PackPair<M>(s[1][0], s[1][1]);
+    a[3] = PackPair<M>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dd = 0; dd < kD / 16; ++dd) {
+      uint32_t bf[4];
+      LdMatrixX4Trans(SmemAddr(tv + SwzOff<kD>(wk + v_row, 2 * dd + v_chunk)), bf);
+      Mma16816<M>(o[2 * dd], a, bf[0], bf[1]);
+      Mma16816<M>(o[2 * dd + 1], a, bf[2], bf[3]);
+    }
+    __syncthreads();
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+
+  // Merge the four warps' partial rows: sm_o (kWarps, kBr, kD) unnormalised,
+  // sm_m / sm_l (kWarps, kBr).
+  float* sm_o = reinterpret_cast<float*>(sK);
+  float* sm_m = sm_o + Tile::kWarps * kBr * kD;
+  float* sm_l = sm_m + Tile::kWarps * kBr;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = g + 8 * h;
+    if (t == 0) {
+      sm_m[warp * kBr + row] = m[h];
+      sm_l[warp * kBr + row] = sum;
+    }
+#pragma unroll
+    for (int j = 0; j < kDT; ++j) {
+      float* dst = sm_o + (warp * kBr + row) * kD + 8 * j + 2 * t;
+      dst[0] = o[j][2 * h];
+      dst[1] = o[j][2 * h + 1];
+    }
+  }
+  __syncthreads();
+  T* out = static_cast<T*>(p.o);
+  for (int e = tid; e < kBr * kD; e += Tile::kThreads) {
+    const int row = e / kD, d = e % kD, r = r0 + row;
+    if (r >= rows_total) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Tile::kWarps; ++w) mx = fmaxf(mx, sm_m[w * kBr + row]);
+    float acc = 0.f, sum = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < Tile::kWarps; ++w) {
+        const float f = exp2f((sm_m[w * kBr + row] - mx) * p.scale_log2);
+        sum += f * sm_l[w * kBr + row];
+        acc += f * sm_o[(w * kBr + row) * kD + d];
+      }
+    }
+    const bool empty = !(sum > 0.f);
+    const float val = empty ? 0.f : acc / sum;
+    const float lse = empty ? -INFINITY : mx * p.scale + logf(sum);
+    const int head = kvh * p.group + r / p.seq_q;
+    const int64_t lrow = (int64_t(b) * p.heads_q + head) * p.seq_q + r % p.seq_q;
+    if (p.num_splits > 1) {
+      const int64_t zrow = int64_t(blockIdx.z) * p.batch * p.heads_q * p.seq_q + lrow;
+      p.part_o[zrow * kD + d] = val;
+      if (d == 0) p.part_lse[zrow] = lse;
+    } else {
+      out[lrow * kD + d] = FromFloat<T>(val);
+      if (d == 0 && p.lse) p.lse[lrow] = lse;
+    }
+  }
+}
+
+// Merges the key splits of every row: lse = log sum_z exp(lse_z),
+// O = sum_z exp(lse_z - lse) O_z. One block of kD threads per row.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kD) CombineSplitsKernel(const AttnParams p) {
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
+  const int64_t row = blockIdx.x;
+  const int d = threadIdx.x;
+  float mx = -INFINITY;
+  for (int z = 0; z < p.num_splits; ++z) mx = fmaxf(mx, p.part_lse[z * rows + row]);
+  float acc = 0.f, wsum = 0.f;
+  if (mx != -INFINITY) {
+    for (int z = 0; z < p.num_splits; ++z) {
+      const float w = __expf(p.part_lse[z * rows + row] - mx);
+      wsum += w;
+      acc += w * p.part_o[(z * rows + row) * kD + d];
+    }
+  }
+  const bool empty = !(wsum > 0.f);
+  static_cast<T*>(p.o)[row * kD + d] = FromFloat<T>(empty ? 0.f : acc / wsum);
+  if (d == 0 && p.lse) p.lse[row] = empty ? -INFINITY : mx + logf(wsum);
+}
+
+}  // namespace gpucompute::kernels::attention
+
+#endif  // GPUCOMPUTE_KERNELS_SRC_ATTENTION_MMA_CUH_

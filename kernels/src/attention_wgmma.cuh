@@ -1,0 +1,500 @@
+// flash_wgmma: FlashAttention forward for Hopper (sm_90a).
+//
+// A block owns kBr = 64 * kConsumers query rows of one (batch, query head) and
+// runs 1 + kConsumers warpgroups. Warpgroup 0 is the producer: it drops its
+// registers (setmaxnreg) and one of its threads issues the TMA copies, Q once
+// and then the K and V tiles of every key block into a kStages-deep ring; each
+// tile lands on its own "full" mbarrier (transaction count), and a stage is
+// refilled only after every consumer warp has arrived on its "empty" mbarrier.
+// The other warpgroups are consumers, 64 query rows apiece: S = Q K^T by wgmma
+// with both operands in shared memory (K-major, 128-byte swizzle, exactly as
+// TMA wrote them), the mask and online softmax on the accumulators in
+// registers, then O += P V by wgmma with P straight from registers (the S
+// accumulator layout is the wgmma A-fragment layout) and V read N-major
+// (transposed by the instruction) from the swizzled tile. While one consumer
+// runs its softmax the others' GEMMs keep the tensor cores busy. With
+// kPipelined each consumer also overlaps its own softmax of block n with its
+// P V of block n - 1 (measured slower as compiled; see attention.cu).
+//
+// Shared layouts: every tile is stored as head_dim / 64 column panels of
+// (rows x 64) elements, 128 bytes per row, 1024-byte aligned, swizzled by TMA
+// (SWIZZLE_128B). A K-major wgmma operand descriptor then has SBO = 1024
+// (eight rows) and steps 32 bytes per k16 inside a panel; the N-major V
+// operand has SBO = 1024 (eight keys) and LBO = one panel (to the next 64
+// columns of head_dim).
+#ifndef GPUCOMPUTE_KERNELS_SRC_ATTENTION_WGMMA_CUH_
+#define GPUCOMPUTE_KERNELS_SRC_ATTENTION_WGMMA_CUH_
+
+#include <cuda.h>
+
+#include "attention_common.cuh"
+
+namespace gpucompute::kernels::attention {
+
+template <int kD_, int kConsumers_>
+struct WgmmaTile {
+  static constexpr int kD = kD_;
+  static constexpr int kConsumers = kConsumers_;         // consumer warpgroups, 64 rows each
+  static constexpr int kBr = 64 * kConsumers;            // query tile (BLOCK_M)
+  static constexpr int kBc = 128;                        // key tile (BLOCK_N)
+  static constexpr int kStages = kD == 64 ? 4 : 2;       // K/V ring depth
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kPanels = kD / 64;                // 128-byte column panels
+  static constexpr int kQBytes = kBr * kD * 2;           // (kBr, kD)
+  static constexpr int kKVBytes = kBc * kD * 2;          // (kBc, kD), one of K or V
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+  static constexpr size_t kSmemBytes =
+      1024 + kQBytes + 2 * size_t(kStages) * kKVBytes + kBarrierBytes;
+  static constexpr int kProducerRegs = kConsumers == 3 ? 24 : 40;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 232;
+  static_assert(kD == 64 || kD == 128, "head_dim 64 or 128");
+  static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
+                "register budget of one block per SM");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
+};
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the phase of parity `parity` to complete. A wait that outlives
+// ~2^25 polls (seconds; a healthy one takes microseconds) means a lost
+// transaction: trap rather than hang the stream.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  uint32_t polls = 0;
+  do {
+    if (++polls == (1u << 25)) __trap();
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// One TMA tile copy global -> shared, completing on `bar`.
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                          int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins accumulator registers at this point of the program so that the
+// compiler moves no access to them across an asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void FenceRegs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading
+// byte offset (N-major: to the next 64-column panel; unused K-major), stride
+// byte offset 1024 (the next eight rows).
+__device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t saddr, uint32_t lbo_bytes) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16) |
+         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// S (+)= A B^T with A and B both K-major in shared memory, N = 128.
+template <typename M>
+__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                           int scale_d) {
+  if constexpr (std::is_same_v<M, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+}
+
+// O += P V with P (m64 x k16) in registers and V N-major in shared memory, N = 64.
+template <typename M>
+__device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4],
+                                          uint64_t desc_b, int scale_d) {
+  if constexpr (std::is_same_v<M, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+}
+
+// O += P V with P (m64 x k16) in registers and V N-major in shared memory, N = 128.
+template <typename M>
+__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4],
+                                          uint64_t desc_b, int scale_d) {
+  if constexpr (std::is_same_v<M, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+          "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+  }
+}
+
+template <typename M, int kD>
+__device__ __forceinline__ void WgmmaPV(float (&d)[kD / 2], const uint32_t (&a)[4],
+                                        uint64_t desc_b) {
+  if constexpr (kD == 64) {
+    WgmmaRS64<M>(d, a, desc_b, 1);
+  } else {
+    WgmmaRS128<M>(d, a, desc_b, 1);
+  }
+}
+
+template <typename M, typename Tile, bool kCausal, bool kPipelined>
+__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, int m0, int bh,
+                                              int nblocks, uint32_t s_q, uint32_t s_k,
+                                              uint32_t s_v, uint32_t bars);
+
+template <typename M, typename Tile, bool kCausal, bool kPipelined>
+__global__ void __launch_bounds__(Tile::kThreads, 1)
+    FlashWgmmaKernel(const __grid_constant__ CUtensorMap tmap_q,
+                     const __grid_constant__ CUtensorMap tmap_k,
+                     const __grid_constant__ CUtensorMap tmap_v, const AttnParams p) {
+  constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kStages = Tile::kStages;
+  extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
+  const uint32_t base = (SmemAddr(wg_smem_raw) + 1023u) & ~1023u;
+  const uint32_t s_q = base;
+  const uint32_t s_k = s_q + Tile::kQBytes;                 // + stage * kKVBytes
+  const uint32_t s_v = s_k + kStages * Tile::kKVBytes;      // + stage * kKVBytes
+  const uint32_t bars = s_v + kStages * Tile::kKVBytes;
+  const uint32_t bar_q = bars;
+  auto bar_kfull = [&](int s) { return bars + 8u * (1 + s); };
+  auto bar_vfull = [&](int s) { return bars + 8u * (1 + kStages + s); };
+  auto bar_empty = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
+
+  const int wg = threadIdx.x / 128;
+  const int bh = blockIdx.y;  // batch * heads_q + head
+  const int b = bh / p.heads_q, h = bh % p.heads_q;
+  const int bkv = b * p.heads_kv + h / p.group;
+  const int m_block = kCausal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int m0 = m_block * kBr;
+  int key_end = p.seq_kv;
+  if (kCausal) key_end = max(0, min(p.seq_kv, min(m0 + kBr, p.seq_q) + p.causal_off));
+  const int nblocks = (key_end + kBc - 1) / kBc;
+
+  if (threadIdx.x == 0) {
+    MbarInit(bar_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(bar_kfull(s), 1);
+      MbarInit(bar_vfull(s), 1);
+      MbarInit(bar_empty(s), 4 * Tile::kConsumers);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // Producer.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegs));
+    if (threadIdx.x == 0 && nblocks > 0) {
+      MbarExpectTx(bar_q, Tile::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Tile::kPanels; ++c)
+        TmaLoad3d(s_q + c * kBr * 128, &tmap_q, bar_q, 64 * c, m0, bh);
+      for (int n = 0; n < nblocks; ++n) {
+        const int st = n % kStages, use = n / kStages;
+        if (use > 0) MbarWait(bar_empty(st), (use - 1) & 1);
+        MbarExpectTx(bar_kfull(st), Tile::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Tile::kPanels; ++c)
+          TmaLoad3d(s_k + st * Tile::kKVBytes + c * kBc * 128, &tmap_k, bar_kfull(st), 64 * c,
+                    n * kBc, bkv);
+        MbarExpectTx(bar_vfull(st), Tile::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Tile::kPanels; ++c)
+          TmaLoad3d(s_v + st * Tile::kKVBytes + c * kBc * 128, &tmap_v, bar_vfull(st), 64 * c,
+                    n * kBc, bkv);
+      }
+    }
+  } else {
+    // Consumers.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tile::kConsumerRegs));
+    ConsumeBlocks<M, Tile, kCausal, kPipelined>(p, wg - 1, m0, bh, nblocks, s_q, s_k, s_v, bars);
+  }
+}
+
+// The consumer warpgroup `cw` (0 or 1): its 64 query rows against every key
+// block, then the epilogue.
+template <typename M, typename Tile, bool kCausal, bool kPipelined>
+__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, int m0, int bh,
+                                              int nblocks, uint32_t s_q, uint32_t s_k,
+                                              uint32_t s_v, uint32_t bars) {
+  constexpr int kD = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kStages = Tile::kStages;
+  constexpr int kNT = kBc / 8;  // n8 tiles of S per row slice
+  constexpr int kDT = kD / 8;   // n8 tiles of O per row slice
+  auto bar_kfull = [&](int s) { return bars + 8u * (1 + s); };
+  auto bar_vfull = [&](int s) { return bars + 8u * (1 + kStages + s); };
+  auto bar_empty = [&](int s) { return bars + 8u * (1 + 2 * kStages + s); };
+  const uint32_t bar_q = bars;
+  const int ltid = threadIdx.x & 127, w = ltid >> 5, lane = ltid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int wg_row0 = m0 + 64 * cw;
+  const int row[2] = {wg_row0 + 16 * w + g, wg_row0 + 16 * w + g + 8};
+
+  float o[kDT][4];
+  float s[kNT][4];
+#pragma unroll
+  for (int j = 0; j < kDT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(s);
+  float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
+
+  const uint32_t q_rows = s_q + 64 * cw * 128;  // this warpgroup's 64 rows of every panel
+  uint32_t pa[kBc / 16][4];                      // P of the block whose P V is next
+
+  // S = Q K^T of block n, issued and committed (not waited for).
+  auto issue_qk = [&](int n) {
+    const uint32_t k_tile = s_k + (n % kStages) * Tile::kKVBytes;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t da = MakeSmemDesc(q_rows + (kk >> 2) * kBr * 128 + (kk & 3) * 32, 16);
+      const uint64_t db = MakeSmemDesc(k_tile + (kk >> 2) * kBc * 128 + (kk & 3) * 32, 16);
+      WgmmaSS128<M>(s_flat, da, db, kk > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+  };
+  // O += P V of block n, issued and committed.
+  auto issue_pv = [&](int n) {
+    const uint32_t v_tile = s_v + (n % kStages) * Tile::kKVBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      WgmmaPV<M, kD>(o_flat, pa[kk], MakeSmemDesc(v_tile + kk * 16 * 128, kBc * 128));
+    WgmmaCommit();
+  };
+  // Mask and online softmax of block n's S (in place: S becomes P, fp32).
+  auto softmax = [&](int n, float (&alpha)[2]) {
+    const int n0 = n * kBc;
+    const bool need_mask =
+        n0 + kBc > p.seq_kv || (kCausal && n0 + kBc - 1 > wg_row0 + p.causal_off);
+    if (need_mask) MaskBlock<kNT>(s, row, n0 + 2 * t, p.seq_kv, kCausal, p.causal_off);
+    OnlineSoftmax<kNT>(s, m, l, alpha, p.scale_log2);
+  };
+  auto rescale_and_pack = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < kDT; ++j) {
+      o[j][0] *= alpha[0];
+      o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1];
+      o[j][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      pa[kk][0] = PackPair<M>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = PackPair<M>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = PackPair<M>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = PackPair<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  };
+  auto release = [&](int n) {
+    __syncwarp();
+    if (lane == 0) MbarArrive(bar_empty(n % kStages));
+  };
+  auto parity = [&](int n) { return uint32_t((n / kStages) & 1); };
+
+  if (nblocks > 0) MbarWait(bar_q, 0);
+  if constexpr (!kPipelined) {
+    // Each block in order: Q K^T, wait, softmax, P V, wait.
+    for (int n = 0; n < nblocks; ++n) {
+      MbarWait(bar_kfull(n % kStages), parity(n));
+      FenceRegs(s_flat);
+      WgmmaFence();
+      issue_qk(n);
+      WgmmaWait<0>();
+      FenceRegs(s_flat);
+      float alpha[2];
+      softmax(n, alpha);
+      rescale_and_pack(alpha);
+      MbarWait(bar_vfull(n % kStages), parity(n));
+      FenceRegs(o_flat);
+      WgmmaFence();
+      issue_pv(n);
+      WgmmaWait<0>();
+      FenceRegs(o_flat);
+      release(n);
+    }
+  } else if (nblocks > 0) {
+    // Software pipeline inside the warpgroup: Q K^T of block n and P V of
+    // block n - 1 are in flight together; the softmax of block n runs while
+    // P V of block n - 1 still executes.
+    MbarWait(bar_kfull(0), 0);
+    FenceRegs(s_flat);
+    WgmmaFence();
+    issue_qk(0);
+    WgmmaWait<0>();
+    FenceRegs(s_flat);
+    {
+      float alpha[2];
+      softmax(0, alpha);
+      rescale_and_pack(alpha);
+    }
+    for (int n = 1; n < nblocks; ++n) {
+      MbarWait(bar_kfull(n % kStages), parity(n));
+      FenceRegs(s_flat);
+      FenceRegs(o_flat);
+      WgmmaFence();
+      issue_qk(n);
+      MbarWait(bar_vfull((n - 1) % kStages), parity(n - 1));
+      issue_pv(n - 1);
+      WgmmaWait<1>();  // S of block n is ready; P V of block n - 1 may still run
+      FenceRegs(s_flat);
+      float alpha[2];
+      softmax(n, alpha);
+      WgmmaWait<0>();
+      FenceRegs(o_flat);
+      release(n - 1);
+      rescale_and_pack(alpha);
+    }
+    MbarWait(bar_vfull((nblocks - 1) % kStages), parity(nblocks - 1));
+    FenceRegs(o_flat);
+    WgmmaFence();
+    issue_pv(nblocks - 1);
+    WgmmaWait<0>();
+    FenceRegs(o_flat);
+    release(nblocks - 1);
+  }
+
+  float inv[2], lse[2];
+  FinishRows(m, l, inv, lse, p.scale);
+  M* out = static_cast<M*>(p.o);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    if (row[hh] >= p.seq_q) continue;
+    const int64_t lrow = int64_t(bh) * p.seq_q + row[hh];
+#pragma unroll
+    for (int j = 0; j < kDT; ++j)
+      StorePair<M>(out + lrow * kD + 8 * j + 2 * t, o[j][2 * hh] * inv[hh],
+                   o[j][2 * hh + 1] * inv[hh]);
+    if (t == 0 && p.lse) p.lse[lrow] = lse[hh];
+  }
+}
+
+}  // namespace gpucompute::kernels::attention
+
+#endif  // GPUCOMPUTE_KERNELS_SRC_ATTENTION_WGMMA_CUH_
