@@ -1,0 +1,65 @@
+// gpucompute: the command-line client of the gpucompute service.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "client/cli/cli.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(gpucompute: call a gpucompute server.
+
+usage: gpucompute <command> [flags]
+
+commands:
+  gemm        C = alpha * op(A) op(B) + beta * C   --m --n --k --batch --transpose_a/b --alpha --beta
+  gemv        y = alpha * op(A) x + beta * y        --m --k --n (columns of x, 0: vector)
+  reduce      sum|max|min|mean                      --shape --op --axis --keepdims
+  transpose   axis permutation                      --shape --perm
+  attention   softmax(scale Q K^T) V                --batch --heads_q --heads_kv --seq_q --seq_kv
+                                                    --head_dim --causal --scale --lse
+  echo        send a tensor and get it back         --shape
+  info        server version, backend, devices, kernel variants, health
+  bench <op>  N requests of <op> (or echo) at concurrency C, then Echo of the same payload
+                                                    --requests --concurrency --mode=unary|batch
+
+common flags:
+  --server=localhost:50051 --timeout=60s --tls --tls_ca --tls_cert --tls_key --tls_server_name
+  --dtype=float32|float16|bfloat16 --out_dtype --variant --devices=0,1 --allow_tf32 --seed
+  --check (compare with the float64 reference; exit 3 on a mismatch) --repeat=N
+  --out=result.npy (--lse_out=lse.npy), inputs from .npy: --a --b --c --x --y --input
+  --query --key --value; bfloat16 .npy files hold the raw bits as '<u2'.
+
+exit codes: 0 ok, 1 the call failed, 2 bad usage or input, 3 check mismatch.
+Every flag: gpucompute --helpfull)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2 || std::string(args[1]) == "help") {
+    std::cout << kUsage << "\n";
+    return args.size() < 2 ? gpucompute::cli::kExitUsage : gpucompute::cli::kExitOk;
+  }
+  const std::string command = args[1];
+  const size_t expected_args = command == "bench" ? 3 : 2;
+  if (args.size() != expected_args) {
+    std::cerr << "gpucompute: "
+              << (command == "bench" ? "bench takes one operation: bench <op>"
+                                     : "unexpected argument " + std::string(args[2]))
+              << "\n";
+    return gpucompute::cli::kExitUsage;
+  }
+  if (command == "gemm" || command == "gemv" || command == "reduce" || command == "transpose" ||
+      command == "attention") {
+    return gpucompute::cli::RunOp(command);
+  }
+  if (command == "echo") return gpucompute::cli::RunEcho();
+  if (command == "info") return gpucompute::cli::RunInfo();
+  if (command == "bench") return gpucompute::cli::RunBench(args[2]);
+  std::cerr << "gpucompute: unknown command \"" << command << "\" (gpucompute help)\n";
+  return gpucompute::cli::kExitUsage;
+}

@@ -1,0 +1,145 @@
+// SIGTERM with requests in flight: every one is answered OK, new calls are
+// refused, health turns NOT_SERVING, and the server exits 0.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "client/verify.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+#include "gtest/gtest.h"
+#include "tests/integration/requests.h"
+#include "tests/integration/server_process.h"
+
+namespace gpucompute::testing {
+namespace {
+
+using grpc::health::v1::HealthCheckResponse;
+
+// gpucompute_inflight_requests from /metrics; -1 when it cannot be read.
+double InflightRequests(int metrics_port) {
+  auto text = HttpGet(metrics_port, "/metrics");
+  if (!text.ok()) return -1;
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (!absl::StartsWith(line, "gpucompute_inflight_requests")) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) total += v;
+  }
+  return total;
+}
+
+TEST(ShutdownTest, SigtermDrainsRequestsInFlight) {
+  constexpr int kInFlight = 4;
+  // One worker thread: the requests run one after another, so that all of
+  // them are in flight (one computing, the rest queued) when SIGTERM comes.
+  auto server = ServerProcess::Start({"--cpu_devices=1", "--worker_threads=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(120));
+
+  // An attention request that takes at least 100 ms of server time here,
+  // and its answer before any shutdown (the drained answers must equal it).
+  AttentionCase size{
+      .batch = 1, .heads_q = 4, .heads_kv = 4, .seq_q = 256, .seq_kv = 1024, .head_dim = 128};
+  v1::AttentionRequest request;
+  absl::StatusOr<v1::AttentionResponse> baseline;
+  while (true) {
+    request = MakeAttention(v1::BFLOAT16, size);
+    baseline = client->Attention(request);
+    ASSERT_TRUE(baseline.ok()) << baseline.status();
+    if (baseline->timings().server_seconds() >= 0.1 || size.seq_kv >= 65536) break;
+    size.seq_kv *= 2;
+  }
+  // A health watcher that records every state it is told.
+  std::vector<int> states;
+  std::atomic<bool> watching{false};
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto health = grpc::health::v1::Health::NewStub(client->channel());
+  grpc::health::v1::HealthCheckRequest watch_request;
+  std::thread watcher([&] {
+    auto reader = health->Watch(&watch_ctx, watch_request);
+    HealthCheckResponse r;
+    while (reader->Read(&r)) {
+      states.push_back(r.status());
+      watching = true;
+      // Done once told NOT_SERVING (an open watch would hold the drain).
+      if (r.status() == HealthCheckResponse::NOT_SERVING) watch_ctx.TryCancel();
+    }
+    reader->Finish();
+  });
+
+  for (absl::Time until = absl::Now() + absl::Seconds(10); !watching && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+
+  std::vector<v1::AttentionRequest> requests(kInFlight, request);
+  std::vector<absl::StatusOr<v1::AttentionResponse>> responses(kInFlight);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kInFlight; ++i) {
+    threads.emplace_back([&, i] { responses[i] = client->Attention(requests[i]); });
+  }
+
+  // SIGTERM once every request is being served. (No ASSERT until the
+  // threads are joined.)
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool all_in_flight = false;
+  double most = 0;
+  while (!all_in_flight && absl::Now() < deadline) {
+    most = std::max(most, InflightRequests((*server)->metrics_port()));
+    all_in_flight = most >= kInFlight;
+    if (!all_in_flight) absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_TRUE(all_in_flight) << "the requests never were in flight together (at most " << most
+                             << "; seq_kv " << size.seq_kv << ")";
+  (*server)->Signal(SIGTERM);
+
+  // New calls are refused while draining (or once stopped).
+  absl::SleepFor(absl::Milliseconds(50));
+  auto late = (*server)
+                  ->NewClient(absl::Seconds(10), /*own_connection=*/true)
+                  ->Echo(MakeEcho(v1::FLOAT32, {3}));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
+
+  for (std::thread& t : threads) t.join();
+  auto status = (*server)->Wait(absl::Seconds(60));
+  watch_ctx.TryCancel();
+  watcher.join();
+
+  for (int i = 0; i < kInFlight; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(responses[i].ok()) << responses[i].status();
+    EXPECT_EQ(responses[i]->o().data(), baseline->o().data());
+  }
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << (*server)->Log();
+  EXPECT_TRUE(WIFEXITED(*status)) << "killed by signal " << WTERMSIG(*status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.front(), HealthCheckResponse::SERVING);
+  EXPECT_EQ(states.back(), HealthCheckResponse::NOT_SERVING)
+      << "the watch was not told NOT_SERVING while draining";
+}
+
+TEST(ShutdownTest, SigintWhenIdleExitsZero) {
+  auto server = ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(10));
+  ASSERT_TRUE(client->Echo(MakeEcho(v1::FLOAT16, {7})).ok());
+  (*server)->Signal(SIGINT);
+  auto status = (*server)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
+}
+
+}  // namespace
+}  // namespace gpucompute::testing
