@@ -1,1 +1,157 @@
-int main() { return 0; }
+// gpucompute-server: serves the Compute gRPC API (and Prometheus metrics)
+// on the CUDA backend when a GPU is usable, else on the CPU backend.
+// SIGTERM or SIGINT drain the calls in flight and exit 0.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "grpc/grpc.h"
+#include "server/service/server.h"
+
+namespace {
+const gpucompute::ServerOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, listen, kDefaults.listen, "gRPC address host:port (port 0 picks one)");
+ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen,
+          "Prometheus /metrics address host:port (port 0 picks one); empty disables");
+ABSL_FLAG(std::string, backend, kDefaults.backend,
+          "auto (CUDA when a GPU is usable, else CPU), cpu or cuda");
+ABSL_FLAG(std::vector<std::string>, devices, {},
+          "GPU ordinals to use, e.g. 0,1 (CUDA backend); empty = all");
+ABSL_FLAG(std::vector<std::string>, device_weights, {},
+          "relative compute weight per device, e.g. 1,1,2,2; empty = equal (CPU) or measured "
+          "(CUDA)");
+ABSL_FLAG(int, cpu_devices, kDefaults.cpu_devices,
+          "number of virtual CPU devices of the CPU backend");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
+          "largest request or response message in bytes (at most 2147483647)");
+ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
+          "admission limit on the bytes (inputs plus outputs) of operations served at once; "
+          "0 = no limit");
+ABSL_FLAG(int, worker_threads, kDefaults.worker_threads,
+          "threads running operations; 0 = twice the hardware threads (at least 4)");
+ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
+          "when set, {\"grpc_port\": N, \"metrics_port\": M} is written here once serving");
+ABSL_FLAG(absl::Duration, shutdown_timeout, kDefaults.shutdown_timeout,
+          "on SIGTERM/SIGINT, how long calls in flight may take before they are cancelled");
+
+namespace {
+
+template <typename T, typename Parse>
+absl::StatusOr<std::vector<T>> ParseList(const std::vector<std::string>& items, const char* flag,
+                                         const char* what, Parse parse) {
+  std::vector<T> values;
+  for (const std::string& item : items) {
+    T value;
+    if (!parse(item, &value)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", item, "\" is not ", what));
+    }
+    values.push_back(value);
+  }
+  return values;
+}
+
+absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
+  gpucompute::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  absl::StatusOr<std::vector<int>> devices = ParseList<int>(
+      absl::GetFlag(FLAGS_devices), "devices", "a device ordinal",
+      [](const std::string& s, int* v) { return absl::SimpleAtoi(s, v) && *v >= 0; });
+  if (!devices.ok()) return devices.status();
+  options.devices = *std::move(devices);
+  absl::StatusOr<std::vector<double>> weights =
+      ParseList<double>(absl::GetFlag(FLAGS_device_weights), "device_weights", "a number",
+                        [](const std::string& s, double* v) { return absl::SimpleAtod(s, v); });
+  if (!weights.ok()) return weights.status();
+  options.device_weights = *std::move(weights);
+  options.cpu_devices = absl::GetFlag(FLAGS_cpu_devices);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
+  options.ready_file = absl::GetFlag(FLAGS_ready_file);
+  options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  return options;
+}
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signal) {
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  const int saved_errno = errno;
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "gpucompute-server: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gpucompute-server [flags]: GEMM, GEMV, reduce, transpose and attention over gRPC");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument \"", positional[1], "\" (flags only)")));
+  }
+
+  // SIGTERM and SIGINT only wake a thread of ours through a pipe (the
+  // handler does nothing else, so it is async-signal-safe); that thread
+  // starts the drain. Blocking the signals instead would not do: libraries
+  // (OpenBLAS) start threads before main that would still take them.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    return Fail(absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno))));
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  if (sigaction(SIGTERM, &action, nullptr) != 0 || sigaction(SIGINT, &action, nullptr) != 0) {
+    return Fail(absl::InternalError(absl::StrCat("sigaction: ", std::strerror(errno))));
+  }
+
+  // A gRPC library reference held for the life of the process: without it,
+  // destroying the last grpc::Server runs grpc_shutdown, which waits up to
+  // 10 s for gRPC's backup TCP poller to wake. Process exit reclaims it all.
+  grpc_init();
+
+  absl::StatusOr<gpucompute::ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<std::unique_ptr<gpucompute::Server>> server =
+      gpucompute::Server::Create(*std::move(options));
+  if (!server.ok()) return Fail(server.status());
+  if (absl::Status status = (*server)->Start(); !status.ok()) return Fail(status);
+
+  std::thread signal_thread([s = server->get()] {
+    unsigned char signal = 0;
+    while (read(g_signal_pipe[0], &signal, 1) < 0 && errno == EINTR) {
+    }
+    std::fprintf(stderr, "gpucompute-server: %s, draining calls in flight\n",
+                 signal == SIGTERM ? "SIGTERM" : "SIGINT");
+    s->Shutdown();
+  });
+  (*server)->Wait();
+  signal_thread.join();
+  std::fprintf(stderr, "gpucompute-server: stopped\n");
+  return 0;
+}

@@ -1,1 +1,278 @@
-// Placeholder.
+#include "server/core/engine.h"
+
+#include <algorithm>
+#include <exception>
+#include <new>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/common/status_macros.h"
+#include "server/core/reduce_combine.h"
+
+namespace gpucompute {
+namespace {
+
+absl::Status OutOfMemory(std::string_view what) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("out of host memory allocating the ", std::string(what), " of the result"));
+}
+
+// Allocates an output tensor; RESOURCE_EXHAUSTED when the host cannot.
+absl::StatusOr<HostTensor> AllocateOutput(DType dtype, std::vector<int64_t> shape,
+                                          std::string_view what) {
+  try {
+    return HostTensor::Allocate(dtype, std::move(shape));
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory(what);
+  }
+}
+
+}  // namespace
+
+Engine::Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices,
+               ShardObserver* observer)
+    : backend_(std::move(backend)), devices_(std::move(devices)), observer_(observer) {}
+
+Engine::~Engine() = default;
+
+bool Engine::AnyHealthy() const {
+  return std::any_of(devices_.begin(), devices_.end(),
+                     [](const std::unique_ptr<Device>& d) { return d->healthy(); });
+}
+
+std::vector<std::string> Engine::Variants(OpKind op) const {
+  std::vector<std::string> all;
+  for (const std::unique_ptr<Device>& d : devices_) {
+    for (std::string& v : d->Variants(op)) {
+      if (std::find(all.begin(), all.end(), v) == all.end()) all.push_back(std::move(v));
+    }
+  }
+  return all;
+}
+
+absl::StatusOr<std::vector<int>> Engine::SelectDevices(OpKind op, const OpOptions& options) const {
+  const int n = num_devices();
+  std::vector<int> selected;
+  if (options.devices.empty()) {
+    for (int i = 0; i < n; ++i) {
+      if (devices_[i]->healthy()) selected.push_back(i);
+    }
+  } else {
+    std::vector<bool> seen(n, false);
+    for (int index : options.devices) {
+      if (index < 0 || index >= n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("options.devices: device ", index, " does not exist; the server has ", n,
+                         n == 1 ? " device (index 0)" : " devices (indices 0 to ",
+                         n == 1 ? "" : absl::StrCat(n - 1, ")")));
+      }
+      if (seen[index]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("options.devices: device ", index, " is listed twice"));
+      }
+      seen[index] = true;
+      if (devices_[index]->healthy()) selected.push_back(index);
+    }
+  }
+  if (selected.empty()) {
+    return absl::UnavailableError(options.devices.empty()
+                                      ? "no healthy device is left"
+                                      : "none of the devices in options.devices is healthy");
+  }
+  if (!options.variant.empty()) {
+    for (int index : selected) {
+      const std::vector<std::string> variants = devices_[index]->Variants(op);
+      if (std::find(variants.begin(), variants.end(), options.variant) == variants.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("options.variant: unknown variant '", options.variant, "' for ",
+                         std::string(OpName(op)), "; available: ", absl::StrJoin(variants, ", ")));
+      }
+    }
+  }
+  return selected;
+}
+
+absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(
+    OpKind op, DType dtype, const ShardPlan& plan, const std::vector<int>& selected,
+    const std::function<absl::StatusOr<ShardRun>(Device&, const Shard&)>& run_shard) {
+  const size_t count = plan.shards.size();
+  std::vector<absl::StatusOr<ShardRun>> runs(count, absl::UnknownError("shard did not run"));
+  auto run_one = [&](size_t s) {
+    // An exception escaping a shard thread would end the process: make it an
+    // error of this operation instead.
+    try {
+      runs[s] = run_shard(*devices_[selected[plan.shards[s].device]], plan.shards[s]);
+    } catch (const std::bad_alloc&) {
+      runs[s] = absl::ResourceExhaustedError("out of host memory running a shard");
+    } catch (const std::exception& e) {
+      runs[s] = absl::InternalError(absl::StrCat("shard failed: ", e.what()));
+    }
+  };
+  // The first shard runs here, every other on a thread of its own (falling
+  // back to this thread when no thread can be started).
+  std::vector<std::thread> threads;
+  std::vector<size_t> inline_shards = {0};
+  for (size_t s = 1; s < count; ++s) {
+    try {
+      threads.emplace_back(run_one, s);
+    } catch (const std::system_error&) {
+      inline_shards.push_back(s);
+    }
+  }
+  if (count > 0) {
+    for (size_t s : inline_shards) run_one(s);
+  }
+  for (std::thread& t : threads) t.join();
+
+  // Every shard that ran is reported, even when another failed.
+  std::vector<ShardTiming> timings;
+  timings.reserve(count);
+  absl::Status first_error;
+  for (size_t s = 0; s < count; ++s) {
+    if (!runs[s].ok()) {
+      if (first_error.ok()) first_error = runs[s].status();
+      continue;
+    }
+    const int device = selected[plan.shards[s].device];
+    if (observer_ != nullptr) {
+      observer_->OnShard(op, dtype, devices_[device]->description(), *runs[s]);
+    }
+    timings.push_back({device, plan.axis, plan.shards[s].range, *std::move(runs[s])});
+  }
+  if (!first_error.ok()) return first_error;
+  return timings;
+}
+
+std::vector<double> Engine::Weights(const std::vector<int>& selected) const {
+  std::vector<double> weights;
+  weights.reserve(selected.size());
+  for (int index : selected) weights.push_back(devices_[index]->description().weight);
+  return weights;
+}
+
+absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
+  ASSIGN_OR_RETURN(const std::vector<int> selected, SelectDevices(OpKind::kGemm, spec.options));
+  const ShardPlan plan = PlanGemm(spec, Weights(selected));
+  OpResult result;
+  result.backend = backend_;
+  ASSIGN_OR_RETURN(result.output,
+                   AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
+  void* out = result.output.mutable_data();
+  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kGemm, spec.dtype, plan, selected,
+                                            [&](Device& device, const Shard& shard) {
+                                              return device.Gemm(spec, shard.range, out);
+                                            }));
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
+  ASSIGN_OR_RETURN(const std::vector<int> selected, SelectDevices(OpKind::kGemv, spec.options));
+  const ShardPlan plan = PlanGemv(spec, Weights(selected));
+  OpResult result;
+  result.backend = backend_;
+  ASSIGN_OR_RETURN(result.output,
+                   AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
+  void* out = result.output.mutable_data();
+  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kGemv, spec.dtype, plan, selected,
+                                            [&](Device& device, const Shard& shard) {
+                                              return device.Gemv(spec, shard.range, out);
+                                            }));
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
+  ASSIGN_OR_RETURN(const std::vector<int> selected, SelectDevices(OpKind::kReduce, spec.options));
+  const ShardPlan plan = PlanReduce(spec, Weights(selected));
+  OpResult result;
+  result.backend = backend_;
+  const DType out_dtype = spec.options.output_dtype;
+  ASSIGN_OR_RETURN(result.output, AllocateOutput(out_dtype, spec.out_shape, "output"));
+  void* out = result.output.mutable_data();
+  const Range whole_axis{0, spec.axis_len};
+  if (plan.axis == "outer") {
+    ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kReduce, spec.input.dtype, plan, selected,
+                                              [&](Device& device, const Shard& shard) {
+                                                return device.Reduce(spec, shard.range, whole_axis,
+                                                                     false, out);
+                                              }));
+    return result;
+  }
+
+  // "axis": one fp32 partial per chunk of the axis ([chunks, outer, inner]),
+  // each computed alone, then combined in the fixed order of
+  // reduce_combine.h — the order a single device uses for a whole row.
+  const int64_t outputs = spec.outer * spec.inner;
+  const int64_t chunks = (spec.axis_len + kReduceChunk - 1) / kReduceChunk;
+  std::vector<float> partials;
+  try {
+    partials.resize(size_t(chunks * outputs));
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory("partial sums");
+  }
+  const Range all_outer{0, spec.outer};
+  ASSIGN_OR_RETURN(result.shards,
+                   RunShards(OpKind::kReduce, spec.input.dtype, plan, selected,
+                             [&](Device& device, const Shard& shard) {
+                               const int64_t first_chunk = shard.range.begin / kReduceChunk;
+                               return device.ReduceChunks(spec, all_outer, shard.range,
+                                                          partials.data() + first_chunk * outputs);
+                             }));
+  float buf[256];
+  for (int64_t i0 = 0; i0 < outputs; i0 += 256) {
+    const int64_t len = std::min<int64_t>(256, outputs - i0);
+    for (int64_t t = 0; t < len; ++t) {
+      const float v = CombinePartials(spec.kind, partials.data() + i0 + t, chunks, outputs);
+      buf[t] = FinalizeReduce(spec.kind, v, spec.axis_len);
+    }
+    FromFloat(out_dtype, buf, static_cast<char*>(out) + i0 * int64_t(DTypeSize(out_dtype)), len);
+  }
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec) {
+  ASSIGN_OR_RETURN(const std::vector<int> selected,
+                   SelectDevices(OpKind::kTranspose, spec.options));
+  const ShardPlan plan = PlanTranspose(spec, Weights(selected));
+  OpResult result;
+  result.backend = backend_;
+  ASSIGN_OR_RETURN(result.output,
+                   AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
+  void* out = result.output.mutable_data();
+  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kTranspose, spec.input.dtype, plan, selected,
+                                            [&](Device& device, const Shard& shard) {
+                                              return device.Transpose(spec, plan.prefix_axes,
+                                                                      shard.range, out);
+                                            }));
+  return result;
+}
+
+absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
+  ASSIGN_OR_RETURN(const std::vector<int> selected,
+                   SelectDevices(OpKind::kAttention, spec.options));
+  const ShardPlan plan = PlanAttention(spec, Weights(selected));
+  OpResult result;
+  result.backend = backend_;
+  ASSIGN_OR_RETURN(result.output, AllocateOutput(spec.options.output_dtype, spec.out_shape, "o"));
+  float* lse = nullptr;
+  if (spec.return_lse) {
+    ASSIGN_OR_RETURN(
+        result.lse, AllocateOutput(DType::kFloat32, {spec.batch, spec.heads_q, spec.seq_q}, "lse"));
+    lse = reinterpret_cast<float*>(result.lse->mutable_data());
+  }
+  void* out = result.output.mutable_data();
+  const bool by_heads = plan.axis == "heads";
+  const Range all_heads{0, spec.batch * spec.heads_q}, all_rows{0, spec.seq_q};
+  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kAttention, spec.dtype, plan, selected,
+                                            [&](Device& device, const Shard& shard) {
+                                              return device.Attention(
+                                                  spec, by_heads ? shard.range : all_heads,
+                                                  by_heads ? all_rows : shard.range, out, lse);
+                                            }));
+  return result;
+}
+
+}  // namespace gpucompute

@@ -3,6 +3,7 @@
 #ifndef GPUCOMPUTE_SERVER_CORE_ENGINE_H_
 #define GPUCOMPUTE_SERVER_CORE_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,15 @@ class Engine {
   // Resolves options.devices (or every healthy device) into indices;
   // validates options.variant against them.
   absl::StatusOr<std::vector<int>> SelectDevices(OpKind op, const OpOptions& options) const;
+  // Compute weights of the `selected` devices, in order.
+  std::vector<double> Weights(const std::vector<int>& selected) const;
+  // Runs every shard of `plan` on its device (shard.device indexes
+  // `selected`) concurrently: the first on the calling thread, each other on a
+  // thread of its own. Reports each to the observer; returns the timings in
+  // plan order, or the first failed shard's error.
+  absl::StatusOr<std::vector<ShardTiming>> RunShards(
+      OpKind op, DType dtype, const ShardPlan& plan, const std::vector<int>& selected,
+      const std::function<absl::StatusOr<ShardRun>(Device&, const Shard&)>& run_shard);
 
   std::string backend_;
   std::vector<std::unique_ptr<Device>> devices_;

@@ -49,11 +49,19 @@ struct ShardPlan {
   int prefix_axes = 0;
 };
 
+// Reductions cut the reduced axis into chunks of kReduceChunk elements,
+// aligned at 0. Each chunk is reduced on its own and chunk results are
+// combined in one fixed order (server/core/reduce_combine.h), whichever device
+// or thread reduced them, so a result does not depend on the number of
+// devices. An "axis" plan's shards are whole chunks (the last may be short).
+inline constexpr int64_t kReduceChunk = int64_t{1} << 15;
+
 // Per-operation plans. `weights` has one entry per participating device.
 ShardPlan PlanGemm(const GemmSpec& spec, absl::Span<const double> weights);
 ShardPlan PlanGemv(const GemvSpec& spec, absl::Span<const double> weights);
-// Splits `outer` when it has at least as many rows as devices ("outer");
-// otherwise splits the reduced axis ("axis") and partials are combined.
+// Splits `outer` when it has at least as many rows as devices, or at least
+// as many rows as the reduced axis has chunks ("outer"); otherwise splits the
+// reduced axis in whole chunks ("axis") and chunk partials are combined.
 ShardPlan PlanReduce(const ReduceSpec& spec, absl::Span<const double> weights);
 // Splits the flattened leading output axes: the fewest leading axes whose
 // product is at least the number of devices (all but the last axis at most).

@@ -8,6 +8,7 @@
 #ifndef GPUCOMPUTE_SERVER_DEVICE_DEVICE_H_
 #define GPUCOMPUTE_SERVER_DEVICE_DEVICE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -65,6 +66,30 @@ class Device {
   //   SUM and MEAN, maxima, minima) into `out` (a float buffer of that size).
   virtual absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis,
                                           bool partial, void* out) = 0;
+
+  // One fp32 partial per chunk of the reduced axis: `axis` spans whole chunks
+  // of kReduceChunk (aligned at 0; the last chunk of the axis may be short),
+  // and chunk c of it (counted from its first) goes to
+  // out + c * outer.size() * inner, exactly as Reduce(partial = true) writes
+  // that chunk alone. The default makes one such call per chunk; devices
+  // override it to reduce the chunks in parallel.
+  virtual absl::StatusOr<ShardRun> ReduceChunks(const ReduceSpec& spec, Range outer, Range axis,
+                                                float* out) {
+    ShardRun total;
+    const int64_t chunk_floats = outer.size() * spec.inner;
+    for (int64_t begin = axis.begin; begin < axis.end; begin += kReduceChunk) {
+      const Range chunk{begin, std::min(axis.end, begin + kReduceChunk)};
+      absl::StatusOr<ShardRun> run = Reduce(spec, outer, chunk, true, out);
+      if (!run.ok()) return run.status();
+      if (total.variant.empty()) total.variant = run->variant;
+      total.kernel_seconds += run->kernel_seconds;
+      total.transfer_seconds += run->transfer_seconds;
+      total.bytes += run->bytes;
+      total.flops += run->flops;
+      out += chunk_floats;
+    }
+    return total;
+  }
 
   // Output elements whose flattened index over the first `prefix_axes`
   // output axes lies in `prefix`, into `out`.

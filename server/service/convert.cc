@@ -1,1 +1,141 @@
-// Placeholder.
+#include "server/service/convert.h"
+
+#include <string>
+
+#include "server/service/validate.h"
+
+namespace gpucompute {
+namespace {
+
+double PerSecond(double amount, double seconds) { return seconds > 0 ? amount / seconds : 0; }
+
+template <typename Response>
+void FillOutput(OpResult& result, double server_seconds, double queue_seconds, v1::Tensor* output,
+                Response* response) {
+  MoveToProto(result.output, output);
+  FillTimings(result.shards, server_seconds, queue_seconds, response->mutable_timings());
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  grpc::StatusCode code;
+  switch (status.code()) {
+    case absl::StatusCode::kCancelled:
+      code = grpc::StatusCode::CANCELLED;
+      break;
+    case absl::StatusCode::kInvalidArgument:
+      code = grpc::StatusCode::INVALID_ARGUMENT;
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      code = grpc::StatusCode::DEADLINE_EXCEEDED;
+      break;
+    case absl::StatusCode::kNotFound:
+      code = grpc::StatusCode::NOT_FOUND;
+      break;
+    case absl::StatusCode::kAlreadyExists:
+      code = grpc::StatusCode::ALREADY_EXISTS;
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      code = grpc::StatusCode::PERMISSION_DENIED;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      code = grpc::StatusCode::RESOURCE_EXHAUSTED;
+      break;
+    case absl::StatusCode::kFailedPrecondition:
+      code = grpc::StatusCode::FAILED_PRECONDITION;
+      break;
+    case absl::StatusCode::kAborted:
+      code = grpc::StatusCode::ABORTED;
+      break;
+    case absl::StatusCode::kOutOfRange:
+      code = grpc::StatusCode::OUT_OF_RANGE;
+      break;
+    case absl::StatusCode::kUnimplemented:
+      code = grpc::StatusCode::UNIMPLEMENTED;
+      break;
+    case absl::StatusCode::kInternal:
+      code = grpc::StatusCode::INTERNAL;
+      break;
+    case absl::StatusCode::kUnavailable:
+      code = grpc::StatusCode::UNAVAILABLE;
+      break;
+    case absl::StatusCode::kDataLoss:
+      code = grpc::StatusCode::DATA_LOSS;
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      code = grpc::StatusCode::UNAUTHENTICATED;
+      break;
+    default:
+      code = grpc::StatusCode::UNKNOWN;
+      break;
+  }
+  return grpc::Status(code, std::string(status.message()));
+}
+
+void MoveToProto(HostTensor& tensor, v1::Tensor* out) {
+  out->set_dtype(ToProtoDType(tensor.dtype));
+  out->mutable_shape()->Assign(tensor.shape.begin(), tensor.shape.end());
+  out->mutable_data()->swap(tensor.data);
+  tensor.data.clear();
+  tensor.shape.clear();
+}
+
+void FillTimings(const std::vector<ShardTiming>& shards, double server_seconds,
+                 double queue_seconds, v1::Timings* out) {
+  out->set_server_seconds(server_seconds);
+  out->set_queue_seconds(queue_seconds);
+  out->mutable_shards()->Reserve(static_cast<int>(shards.size()));
+  for (const ShardTiming& shard : shards) {
+    v1::ShardTiming* t = out->add_shards();
+    t->set_device(shard.device);
+    t->set_variant(shard.run.variant);
+    t->set_axis(shard.axis);
+    t->set_begin(shard.range.begin);
+    t->set_end(shard.range.end);
+    t->set_kernel_seconds(shard.run.kernel_seconds);
+    t->set_transfer_seconds(shard.run.transfer_seconds);
+    t->set_bytes_per_second(PerSecond(shard.run.bytes, shard.run.kernel_seconds));
+    t->set_flops_per_second(PerSecond(shard.run.flops, shard.run.kernel_seconds));
+  }
+}
+
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::GemmResponse* response) {
+  FillOutput(result, server_seconds, queue_seconds, response->mutable_c(), response);
+}
+
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::GemvResponse* response) {
+  FillOutput(result, server_seconds, queue_seconds, response->mutable_y(), response);
+}
+
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::ReduceResponse* response) {
+  FillOutput(result, server_seconds, queue_seconds, response->mutable_output(), response);
+}
+
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::TransposeResponse* response) {
+  FillOutput(result, server_seconds, queue_seconds, response->mutable_output(), response);
+}
+
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::AttentionResponse* response) {
+  FillOutput(result, server_seconds, queue_seconds, response->mutable_o(), response);
+  if (result.lse) MoveToProto(*result.lse, response->mutable_lse());
+}
+
+void FillDeviceInfo(const DeviceDescription& description, bool healthy, v1::DeviceInfo* out) {
+  out->set_index(description.index);
+  out->set_kind(description.kind);
+  out->set_name(description.name);
+  out->set_memory_bytes(description.memory_bytes);
+  out->set_compute_units(description.compute_units);
+  out->set_weight(description.weight);
+  out->mutable_peers()->Assign(description.peers.begin(), description.peers.end());
+  out->set_healthy(healthy);
+}
+
+}  // namespace gpucompute

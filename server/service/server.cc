@@ -1,1 +1,202 @@
-// Placeholder.
+#include "server/service/server.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "server/common/status_macros.h"
+#include "server/service/devices.h"
+
+namespace gpucompute {
+namespace {
+
+// Room left in a response message for everything but the result tensors.
+constexpr int64_t kResponseEnvelopeBytes = 64 << 10;
+
+constexpr char kServiceName[] = "gpucompute.v1.Compute";
+
+absl::Status CheckOptions(const ServerOptions& options) {
+  if (options.listen.empty()) {
+    return absl::InvalidArgumentError("--listen: expected host:port but got an empty address");
+  }
+  if (options.max_message_bytes <= kResponseEnvelopeBytes || options.max_message_bytes > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes: expected a value in (",
+                                                   kResponseEnvelopeBytes, ", ", INT_MAX,
+                                                   "] but got ", options.max_message_bytes));
+  }
+  if (options.max_inflight_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_bytes: expected >= 0 (0 = no limit) but got ", options.max_inflight_bytes));
+  }
+  if (options.worker_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--worker_threads: expected >= 0 (0 = automatic) but got ", options.worker_threads));
+  }
+  if (options.shutdown_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("shutdown_timeout: expected >= 0");
+  }
+  return absl::OkStatus();
+}
+
+// "0.0.0.0:50051" -> "0.0.0.0"; "[::]:0" -> "[::]".
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  const ServerOptions& opts = server->options_;
+
+  BackendOptions backend;
+  backend.backend = opts.backend;
+  backend.devices = opts.devices;
+  backend.device_weights = opts.device_weights;
+  backend.cpu_devices = opts.cpu_devices;
+  ASSIGN_OR_RETURN(DeviceSet devices, CreateDevices(backend));
+
+  server->metrics_ = std::make_unique<Metrics>();
+  std::vector<DeviceDescription> descriptions;
+  for (const auto& device : devices.devices) descriptions.push_back(device->description());
+  server->metrics_->SetDevices(descriptions);
+  server->engine_ =
+      std::make_unique<Engine>(devices.backend, std::move(devices.devices), server->metrics_.get());
+  server->admission_ = std::make_unique<Admission>(opts.max_inflight_bytes);
+  int threads = opts.worker_threads;
+  if (threads == 0) {
+    threads = std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  server->pool_ = std::make_unique<WorkerPool>(threads);
+
+  ServiceOptions service;
+  service.limits.max_output_bytes = opts.max_message_bytes - kResponseEnvelopeBytes;
+  service.limits.head_dims = devices.head_dims;
+  service.max_message_bytes = opts.max_message_bytes;
+  server->service_ =
+      std::make_unique<ComputeService>(server->engine_.get(), server->admission_.get(),
+                                       server->pool_.get(), server->metrics_.get(), service);
+  return server;
+}
+
+Server::~Server() { Shutdown(); }
+
+absl::Status Server::Start() {
+  absl::Status status = StartServing();
+  // A server that failed to start counts as stopped, so Wait() returns.
+  if (!status.ok() && !stopped_.HasBeenNotified()) stopped_.Notify();
+  return status;
+}
+
+absl::Status Server::StartServing() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_ || shutting_down_) {
+      return absl::FailedPreconditionError("the server was already started");
+    }
+    started_ = true;
+  }
+  if (!options_.metrics_listen.empty()) {
+    RETURN_IF_ERROR(metrics_->Serve(options_.metrics_listen));
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // Without SO_REUSEPORT a second server on a port in use fails to start
+  // instead of silently sharing it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
+    grpc_server_.reset();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options_.listen, " (--listen)"));
+  }
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(kServiceName, true);
+
+  if (!options_.ready_file.empty()) RETURN_IF_ERROR(WriteReadyFile());
+  const std::string metrics =
+      options_.metrics_listen.empty()
+          ? std::string("metrics off")
+          : absl::StrCat("metrics on ", HostOf(options_.metrics_listen), ":", metrics_->port());
+  std::fprintf(stderr, "gpucompute-server listening on %s:%d, %s (backend %s, %d device%s)\n",
+               HostOf(options_.listen).c_str(), port_, metrics.c_str(), engine_->backend().c_str(),
+               engine_->num_devices(), engine_->num_devices() == 1 ? "" : "s");
+  return absl::OkStatus();
+}
+
+absl::Status Server::WriteReadyFile() const {
+  const std::string tmp = absl::StrCat(options_.ready_file, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "{\"grpc_port\": " << port_ << ", \"metrics_port\": " << metrics_->port() << "}\n";
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::InternalError(absl::StrCat("--ready_file: cannot write ", tmp));
+    }
+  }
+  if (std::rename(tmp.c_str(), options_.ready_file.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::InternalError(
+        absl::StrCat("--ready_file: cannot rename ", tmp, " to ", options_.ready_file));
+  }
+  return absl::OkStatus();
+}
+
+void Server::Wait() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_) return;
+  }
+  stopped_.WaitForNotification();
+}
+
+void Server::Shutdown() {
+  bool first;
+  {
+    absl::MutexLock lock(&mu_);
+    first = !shutting_down_;
+    shutting_down_ = true;
+  }
+  if (!first) {
+    stopped_.WaitForNotification();
+    return;
+  }
+  const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+  if (grpc_server_ != nullptr) {
+    // While the operations in flight finish, new calls are still taken in
+    // and answered UNAVAILABLE (retryable), and health reads NOT_SERVING;
+    // then gRPC stops accepting and waits for the calls left (open Batch
+    // streams) until the deadline, cancelling what remains.
+    service_->StartDraining();
+    grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+    service_->WaitIdle(deadline);
+    grpc_server_->Shutdown(absl::ToChronoTime(deadline));
+  }
+  // Calls still running on the workers finish (their reactors complete).
+  if (pool_ != nullptr) pool_->Stop();
+  if (grpc_server_ != nullptr) grpc_server_->Wait();
+  if (!stopped_.HasBeenNotified()) stopped_.Notify();
+}
+
+}  // namespace gpucompute

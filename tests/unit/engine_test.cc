@@ -1,1 +1,428 @@
+// The engine over virtual CPU devices: weighted shards, the same results as
+// one device, option errors.
+#include "server/core/engine.h"
+
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/core/reference.h"
+#include "server/device/cpu_device.h"
+#include "tests/unit/core_test_util.h"
+
+namespace gpucompute {
+namespace {
+
+using testing::kAllDTypes;
+
+class CountingObserver : public ShardObserver {
+ public:
+  void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
+               const ShardRun& run) override {
+    ++shards;
+    if (run.kernel_seconds < 0 || run.variant.empty()) ++bad;
+  }
+  std::atomic<int> shards{0};
+  std::atomic<int> bad{0};
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  EngineTest()
+      : one_("cpu", CreateCpuDevices(1, {})),
+        four_("cpu", CreateCpuDevices(4, {1, 1, 2, 2}), &observer_) {}
+
+  // Expects shard sizes in the ratio 1:1:2:2 of `unit` on devices 0..3.
+  static void ExpectWeightedShards(const OpResult& r, int64_t unit, const std::string& axis) {
+    ASSERT_EQ(r.shards.size(), 4u);
+    const int64_t want[] = {unit, unit, 2 * unit, 2 * unit};
+    int64_t next = 0;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(r.shards[i].device, i);
+      EXPECT_EQ(r.shards[i].axis, axis);
+      EXPECT_EQ(r.shards[i].range.begin, next);
+      EXPECT_EQ(r.shards[i].range.size(), want[i]) << "shard " << i;
+      EXPECT_GE(r.shards[i].run.kernel_seconds, 0);
+      EXPECT_GT(r.shards[i].run.bytes, 0);
+      next = r.shards[i].range.end;
+    }
+  }
+
+  CountingObserver observer_;
+  Engine one_;
+  Engine four_;
+};
+
+TEST_F(EngineTest, GemmShardsByWeightAndMatchesOneDevice) {
+  for (DType dtype : kAllDTypes) {
+    testing::GemmCase g = testing::MakeGemm(dtype, 2, 600, 33, 127, false, true, 1.0, 0.5);
+    absl::StatusOr<OpResult> four = four_.Gemm(g.spec);
+    absl::StatusOr<OpResult> one = one_.Gemm(g.spec);
+    ASSERT_TRUE(four.ok()) << four.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    ExpectWeightedShards(*four, 100, "rows");
+    EXPECT_EQ(four->backend, "cpu");
+    EXPECT_EQ(four->output.shape, g.spec.out_shape);
+    const double rtol = reference::Rtol(dtype, 127);
+    const double atol = rtol * (std::sqrt(127.0) + 1);
+    EXPECT_EQ(reference::CompareClose(testing::Doubles(four->output), testing::Doubles(one->output),
+                                      atol, rtol),
+              "");
+    EXPECT_EQ(reference::CompareClose(testing::Doubles(four->output), g.Reference(), atol, rtol),
+              "");
+  }
+}
+
+TEST_F(EngineTest, GemvShardsByWeightAndMatchesOneDevice) {
+  for (DType dtype : kAllDTypes) {
+    testing::GemvCase g = testing::MakeGemv(dtype, 6000, 127, 3, true, 2.0, -1.0);
+    absl::StatusOr<OpResult> four = four_.Gemv(g.spec);
+    absl::StatusOr<OpResult> one = one_.Gemv(g.spec);
+    ASSERT_TRUE(four.ok()) << four.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    ExpectWeightedShards(*four, 1000, "rows");
+    const double rtol = reference::Rtol(dtype, 127);
+    const double atol = rtol * (2 * std::sqrt(127.0) + 1);
+    EXPECT_EQ(reference::CompareClose(testing::Doubles(four->output), testing::Doubles(one->output),
+                                      atol, rtol),
+              "");
+    EXPECT_EQ(reference::CompareClose(testing::Doubles(four->output), g.Reference(), atol, rtol),
+              "");
+  }
+}
+
+TEST_F(EngineTest, ReduceOverOuterRowsIsBitwiseOneDevice) {
+  for (ReduceKind kind :
+       {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kMean}) {
+    for (DType dtype : kAllDTypes) {
+      testing::ReduceCase r = testing::MakeReduce(dtype, {60, 1000, 3}, 1, kind);
+      absl::StatusOr<OpResult> four = four_.Reduce(r.spec);
+      absl::StatusOr<OpResult> one = one_.Reduce(r.spec);
+      ASSERT_TRUE(four.ok()) << four.status();
+      ASSERT_TRUE(one.ok()) << one.status();
+      ExpectWeightedShards(*four, 10, "outer");
+      EXPECT_EQ(four->output.data, one->output.data);
+    }
+  }
+}
+
+TEST_F(EngineTest, ReduceOverTheAxisIsBitwiseOneDevice) {
+  // A full reduction of 12 chunks (last one short) splits the axis 2:2:4:4
+  // chunks; a [3, n] row reduction too; a column reduction with wide rows.
+  struct Case {
+    std::vector<int64_t> shape;
+    int axis;
+  };
+  const Case cases[] = {
+      {{12 * kReduceChunk - 77}, -1}, {{3, 12 * kReduceChunk}, 1}, {{12 * kReduceChunk, 3}, 0}};
+  for (const Case& c : cases) {
+    for (ReduceKind kind :
+         {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kMean}) {
+      for (DType dtype : kAllDTypes) {
+        testing::ReduceCase r = testing::MakeReduce(dtype, c.shape, c.axis, kind);
+        absl::StatusOr<OpResult> four = four_.Reduce(r.spec);
+        absl::StatusOr<OpResult> one = one_.Reduce(r.spec);
+        ASSERT_TRUE(four.ok()) << four.status();
+        ASSERT_TRUE(one.ok()) << one.status();
+        ASSERT_EQ(four->shards.size(), 4u);
+        EXPECT_EQ(four->shards[0].axis, "axis");
+        EXPECT_EQ(four->output.data, one->output.data)
+            << "shape[0] " << c.shape[0] << " kind " << int(kind);
+        // And right.
+        const int64_t n = r.spec.axis_len;
+        double atol = 0, rtol = 0;
+        if (kind == ReduceKind::kSum || kind == ReduceKind::kMean) {
+          rtol = reference::Rtol(dtype, n);
+          atol = reference::Rtol(DType::kFloat32, n) * std::sqrt(double(n));
+          if (kind == ReduceKind::kMean) atol /= double(n);
+        }
+        EXPECT_EQ(reference::CompareClose(testing::Doubles(four->output),
+                                          testing::RoundTo(dtype, r.Reference()), atol, rtol),
+                  "");
+      }
+    }
+  }
+  // The chunk shards are in the 1:1:2:2 ratio.
+  testing::ReduceCase r =
+      testing::MakeReduce(DType::kFloat32, {12 * kReduceChunk}, -1, ReduceKind::kSum);
+  absl::StatusOr<OpResult> four = four_.Reduce(r.spec);
+  ASSERT_TRUE(four.ok());
+  ExpectWeightedShards(*four, 2 * kReduceChunk, "axis");
+}
+
+TEST_F(EngineTest, ReduceWithEmptyAxisOrEmptyOutput) {
+  HostTensor in = HostTensor::Allocate(DType::kFloat32, {2, 0});
+  ReduceSpec s;
+  s.input = in.view();
+  s.kind = ReduceKind::kSum;
+  s.outer = 2;
+  s.axis_len = 0;
+  s.inner = 1;
+  s.out_shape = {2};
+  s.options.output_dtype = DType::kFloat16;
+  absl::StatusOr<OpResult> r = four_.Reduce(s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(testing::Doubles(r->output), (std::vector<double>{0, 0}));
+
+  s.outer = 1;
+  s.axis_len = 2;
+  s.inner = 0;
+  s.out_shape = {0};
+  in = HostTensor::Allocate(DType::kFloat32, {2, 0});
+  s.input = in.view();
+  r = four_.Reduce(s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->output.num_elements(), 0);
+}
+
+TEST_F(EngineTest, TransposeShardsByWeightAndIsBitwiseOneDevice) {
+  for (DType dtype : kAllDTypes) {
+    testing::TransposeCase t = testing::MakeTranspose(dtype, {7, 600, 33}, {1, 2, 0});
+    absl::StatusOr<OpResult> four = four_.Transpose(t.spec);
+    absl::StatusOr<OpResult> one = one_.Transpose(t.spec);
+    ASSERT_TRUE(four.ok()) << four.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    ExpectWeightedShards(*four, 100, "out_blocks");
+    EXPECT_EQ(four->output.data, one->output.data);
+    EXPECT_EQ(testing::Doubles(four->output), t.Reference());
+  }
+}
+
+TEST_F(EngineTest, AttentionShardsByWeightAndIsBitwiseOneDevice) {
+  for (DType dtype : kAllDTypes) {
+    // 12 (batch, head) pairs: split by heads.
+    testing::AttentionCase a = testing::MakeAttention(dtype, 2, 6, 3, 33, 40, 64, true);
+    absl::StatusOr<OpResult> four = four_.Attention(a.spec);
+    absl::StatusOr<OpResult> one = one_.Attention(a.spec);
+    ASSERT_TRUE(four.ok()) << four.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    ExpectWeightedShards(*four, 2, "heads");
+    EXPECT_EQ(four->output.data, one->output.data);
+    ASSERT_TRUE(four->lse.has_value());
+    EXPECT_EQ(four->lse->shape, (std::vector<int64_t>{2, 6, 33}));
+    EXPECT_EQ(four->lse->data, one->lse->data);
+    const reference::AttentionResult want = a.Reference();
+    const double rtol = reference::Rtol(dtype, 64);
+    EXPECT_EQ(reference::CompareClose(testing::Doubles(four->output), want.o, rtol + 1e-5, rtol),
+              "");
+    EXPECT_EQ(reference::CompareClose(testing::Doubles(*four->lse), want.lse, 1e-4, 1e-5), "");
+
+    // One head: split by query rows.
+    testing::AttentionCase b = testing::MakeAttention(dtype, 1, 1, 1, 600, 50, 128, true, false);
+    four = four_.Attention(b.spec);
+    one = one_.Attention(b.spec);
+    ASSERT_TRUE(four.ok()) << four.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    ExpectWeightedShards(*four, 100, "query_rows");
+    EXPECT_FALSE(four->lse.has_value());
+    EXPECT_EQ(four->output.data, one->output.data);
+  }
+}
+
+TEST_F(EngineTest, ObserverSeesEveryShard) {
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 600, 7, 7);
+  const int before = observer_.shards.load();
+  ASSERT_TRUE(four_.Gemm(g.spec).ok());
+  EXPECT_EQ(observer_.shards.load() - before, 4);
+  EXPECT_EQ(observer_.bad.load(), 0);
+}
+
+TEST_F(EngineTest, UnknownVariantNamesTheFieldAndTheChoices) {
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 7, 7, 7);
+  g.spec.options.variant = "x";
+  absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "options.variant: unknown variant 'x' for gemm; available: openblas, naive");
+
+  testing::ReduceCase red = testing::MakeReduce(DType::kFloat32, {7}, -1, ReduceKind::kSum);
+  red.spec.options.variant = "openblas";
+  r = four_.Reduce(red.spec);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("for reduce; available: cpu"), std::string::npos);
+}
+
+TEST_F(EngineTest, EveryNamedVariantRuns) {
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 127, 33, 7);
+  for (const std::string& variant : four_.Variants(OpKind::kGemm)) {
+    g.spec.options.variant = variant;
+    absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const ShardTiming& s : r->shards) EXPECT_EQ(s.run.variant, variant);
+    EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), g.Reference(), 1e-5, 1e-5), "");
+  }
+  EXPECT_EQ(four_.Variants(OpKind::kGemv), (std::vector<std::string>{"openblas", "naive"}));
+  EXPECT_EQ(four_.Variants(OpKind::kReduce), (std::vector<std::string>{"cpu"}));
+  EXPECT_EQ(four_.Variants(OpKind::kTranspose), (std::vector<std::string>{"cpu_blocked"}));
+}
+
+TEST_F(EngineTest, BadDeviceIndicesAreInvalidArgument) {
+  testing::GemvCase g = testing::MakeGemv(DType::kFloat32, 7, 7, 1);
+  for (std::vector<int> devices : {std::vector<int>{4}, std::vector<int>{-1},
+                                   std::vector<int>{0, 7}, std::vector<int>{1, 1}}) {
+    g.spec.options.devices = devices;
+    absl::StatusOr<OpResult> r = four_.Gemv(g.spec);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message().rfind("options.devices: ", 0), 0u) << r.status();
+  }
+}
+
+TEST_F(EngineTest, DeviceSubsetRunsOnlyThere) {
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat16, 1, 300, 33, 33);
+  g.spec.options.devices = {3, 1};  // weights 2 and 1
+  absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->shards.size(), 2u);
+  EXPECT_EQ(r->shards[0].device, 3);
+  EXPECT_EQ(r->shards[0].range, (Range{0, 200}));
+  EXPECT_EQ(r->shards[1].device, 1);
+  EXPECT_EQ(r->shards[1].range, (Range{200, 300}));
+  const double rtol = reference::Rtol(DType::kFloat16, 33);
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), g.Reference(),
+                                    rtol * (std::sqrt(33.0) + 1), rtol),
+            "");
+}
+
+TEST_F(EngineTest, EmptyOutputsRunNoShard) {
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 0, 5, 3);
+  absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->shards.empty());
+  EXPECT_EQ(r->output.shape, (std::vector<int64_t>{0, 5}));
+
+  testing::TransposeCase t = testing::MakeTranspose(DType::kFloat32, {0, 7}, {1, 0});
+  r = four_.Transpose(t.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->output.num_elements(), 0);
+}
+
+// A CPU device that can be marked unhealthy or made to fail every GEMM.
+class FlakyDevice : public Device {
+ public:
+  FlakyDevice(std::unique_ptr<Device> inner, bool healthy, bool fail)
+      : inner_(std::move(inner)), healthy_(healthy), fail_(fail) {}
+  const DeviceDescription& description() const override { return inner_->description(); }
+  bool healthy() const override { return healthy_; }
+  std::vector<std::string> Variants(OpKind op) const override { return inner_->Variants(op); }
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* out) override {
+    if (fail_) return absl::InternalError("device lost");
+    return inner_->Gemm(spec, rows, out);
+  }
+  absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* out) override {
+    return inner_->Gemv(spec, rows, out);
+  }
+  absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis, bool partial,
+                                  void* out) override {
+    return inner_->Reduce(spec, outer, axis, partial, out);
+  }
+  absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes, Range prefix,
+                                     void* out) override {
+    return inner_->Transpose(spec, prefix_axes, prefix, out);
+  }
+  absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
+                                     void* o_out, float* lse_out) override {
+    return inner_->Attention(spec, heads, q_rows, o_out, lse_out);
+  }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  bool healthy_, fail_;
+};
+
+std::vector<std::unique_ptr<Device>> FlakyDevices(std::vector<bool> healthy,
+                                                  std::vector<bool> fail) {
+  std::vector<std::unique_ptr<Device>> cpus = CreateCpuDevices(int(healthy.size()), {});
+  std::vector<std::unique_ptr<Device>> devices;
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    devices.push_back(std::make_unique<FlakyDevice>(std::move(cpus[i]), healthy[i], fail[i]));
+  }
+  return devices;
+}
+
+TEST(EngineHealth, UnhealthyDevicesAreSkipped) {
+  Engine engine("cpu", FlakyDevices({true, false, true}, {false, false, false}));
+  EXPECT_TRUE(engine.AnyHealthy());
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 100, 7, 7);
+  absl::StatusOr<OpResult> r = engine.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->shards.size(), 2u);
+  EXPECT_EQ(r->shards[0].device, 0);
+  EXPECT_EQ(r->shards[1].device, 2);
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), g.Reference(), 1e-5, 1e-5), "");
+
+  // Naming only unhealthy devices leaves nothing to run on.
+  g.spec.options.devices = {1};
+  EXPECT_EQ(engine.Gemm(g.spec).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(EngineHealth, DefaultChunkPartialsGiveTheSameBits) {
+  // FlakyDevice keeps Device's default ReduceChunks (one partial Reduce per
+  // chunk); the CPU device overrides it. Both give the same bits.
+  Engine wrapped("cpu", FlakyDevices({true, true, true}, {false, false, false}));
+  Engine plain("cpu", CreateCpuDevices(3, {}));
+  for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMean}) {
+    testing::ReduceCase r =
+        testing::MakeReduce(DType::kBFloat16, {2, 7 * kReduceChunk + 3}, 1, kind);
+    absl::StatusOr<OpResult> a = wrapped.Reduce(r.spec);
+    absl::StatusOr<OpResult> b = plain.Reduce(r.spec);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->shards[0].axis, "axis");
+    EXPECT_EQ(a->shards.size(), 3u);
+    EXPECT_EQ(a->output.data, b->output.data);
+  }
+}
+
+TEST(EngineHealth, NoHealthyDeviceIsUnavailable) {
+  Engine engine("cpu", FlakyDevices({false, false}, {false, false}));
+  EXPECT_FALSE(engine.AnyHealthy());
+  testing::ReduceCase r = testing::MakeReduce(DType::kFloat32, {7}, -1, ReduceKind::kSum);
+  EXPECT_EQ(engine.Reduce(r.spec).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(EngineHealth, AFailedShardFailsTheOperation) {
+  Engine engine("cpu", FlakyDevices({true, true}, {false, true}));
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 100, 7, 7);
+  absl::StatusOr<OpResult> r = engine.Gemm(g.spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(r.status().message(), "device lost");
+  // The other operations still run on both.
+  testing::GemvCase v = testing::MakeGemv(DType::kFloat32, 100, 7, 1);
+  ASSERT_TRUE(engine.Gemv(v.spec).ok());
+}
+
+TEST_F(EngineTest, ConcurrentOperationsShareTheDevices) {
+  // Several callers at once on the same devices and pools.
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 5; ++i) {
+        if (t % 2 == 0) {
+          testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 64 + t, 33, 65);
+          absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
+          if (!r.ok() ||
+              !reference::CompareClose(testing::Doubles(r->output), g.Reference(), 1e-4, 1e-5)
+                   .empty()) {
+            ++failures;
+          }
+        } else {
+          testing::ReduceCase red =
+              testing::MakeReduce(DType::kFloat32, {5 * kReduceChunk}, -1, ReduceKind::kMax);
+          absl::StatusOr<OpResult> r = four_.Reduce(red.spec);
+          if (!r.ok() || testing::Doubles(r->output) != red.Reference()) ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace
+}  // namespace gpucompute

@@ -1,1 +1,224 @@
+// The metrics layer: every family exists with conventional names, recording
+// moves the right series, and the HTTP exposition passes promtool.
+#include "server/metrics/metrics.h"
+
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace gpucompute {
+namespace {
+
+// name -> type from the "# TYPE" lines of an exposition.
+std::map<std::string, std::string> Types(const std::string& text) {
+  std::map<std::string, std::string> types;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, "# TYPE ")) continue;
+    std::vector<std::string> parts = absl::StrSplit(line, ' ');
+    if (parts.size() == 4) types[parts[2]] = parts[3];
+  }
+  return types;
+}
+
+// The value of the sample line that starts with `series` (name{labels}), or
+// -1 when there is none.
+double Sample(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      return std::stod(std::string(line.substr(series.size() + 1)));
+    }
+  }
+  return -1;
+}
+
+DeviceDescription Cpu(int index) {
+  DeviceDescription d;
+  d.index = index;
+  d.kind = "cpu";
+  d.name = absl::StrCat("cpu:", index);
+  return d;
+}
+
+TEST(MetricsTest, EveryFamilyExistsWithConventionalNames) {
+  Metrics metrics;
+  metrics.AddMethod("Gemm");
+  std::vector<DeviceDescription> devices = {Cpu(0), Cpu(1)};
+  metrics.SetDevices(devices);
+  // Kernel durations are exported from the first shard on (their label sets
+  // are not known before).
+  ShardRun run;
+  run.variant = "naive";
+  metrics.OnShard(OpKind::kTranspose, DType::kFloat16, devices[0], run);
+  const std::map<std::string, std::string> types = Types(metrics.Scrape());
+  const std::map<std::string, std::string> want = {
+      {"gpucompute_requests_total", "counter"},
+      {"gpucompute_request_duration_seconds", "histogram"},
+      {"gpucompute_kernel_duration_seconds", "histogram"},
+      {"gpucompute_kernel_bytes_total", "counter"},
+      {"gpucompute_kernel_flops_total", "counter"},
+      {"gpucompute_received_bytes_total", "counter"},
+      {"gpucompute_sent_bytes_total", "counter"},
+      {"gpucompute_inflight_requests", "gauge"},
+      {"gpucompute_inflight_bytes", "gauge"},
+      {"gpucompute_queue_depth", "gauge"},
+      {"gpucompute_device_info", "gauge"},
+  };
+  for (const auto& [name, type] : want) {
+    auto it = types.find(name);
+    ASSERT_NE(it, types.end()) << name << " is not exported";
+    EXPECT_EQ(it->second, type) << name;
+  }
+  for (const auto& [name, type] : types) {
+    EXPECT_TRUE(absl::StartsWith(name, "gpucompute_")) << name;
+    EXPECT_EQ(absl::EndsWith(name, "_total"), type == "counter") << name;
+    if (type == "histogram") {
+      EXPECT_TRUE(absl::EndsWith(name, "_seconds")) << name;
+    }
+    EXPECT_EQ(name, absl::AsciiStrToLower(name)) << name;
+  }
+}
+
+TEST(MetricsTest, RequestsMoveTheirSeries) {
+  Metrics metrics;
+  metrics.AddMethod("Gemm");
+  std::string text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, R"(gpucompute_requests_total{code="OK",method="Gemm"})"), 0);
+  EXPECT_EQ(Sample(text, R"(gpucompute_request_duration_seconds_count{method="Gemm"})"), 0);
+
+  metrics.RequestStarted();
+  metrics.RequestStarted();
+  EXPECT_EQ(Sample(metrics.Scrape(), "gpucompute_inflight_requests"), 2);
+  metrics.RequestFinished("Gemm", absl::StatusCode::kOk, 0.003);
+  metrics.RequestFinished("Gemm", absl::StatusCode::kInvalidArgument, 0.0001);
+  metrics.ItemFinished("Batch/Reduce", absl::StatusCode::kOk, 0.2);
+  metrics.AddReceivedBytes(1000);
+  metrics.AddSentBytes(24);
+  metrics.AddQueueDepth(3);
+  metrics.AddQueueDepth(-1);
+  metrics.AddInflightBytes(4096);
+
+  text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, "gpucompute_inflight_requests"), 0);
+  EXPECT_EQ(Sample(text, R"(gpucompute_requests_total{code="OK",method="Gemm"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_requests_total{code="INVALID_ARGUMENT",method="Gemm"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_requests_total{code="OK",method="Batch/Reduce"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_request_duration_seconds_count{method="Gemm"})"), 2);
+  EXPECT_NEAR(Sample(text, R"(gpucompute_request_duration_seconds_sum{method="Gemm"})"), 0.0031,
+              1e-12);
+  EXPECT_EQ(
+      Sample(text, R"(gpucompute_request_duration_seconds_bucket{method="Gemm",le="0.0001"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_request_duration_seconds_bucket{method="Gemm",le="+Inf"})"),
+            2);
+  EXPECT_EQ(Sample(text, "gpucompute_received_bytes_total"), 1000);
+  EXPECT_EQ(Sample(text, "gpucompute_sent_bytes_total"), 24);
+  EXPECT_EQ(Sample(text, "gpucompute_queue_depth"), 2);
+  EXPECT_EQ(Sample(text, "gpucompute_inflight_bytes"), 4096);
+}
+
+TEST(MetricsTest, ShardsMoveKernelSeriesAndDevicesAreListed) {
+  Metrics metrics;
+  std::vector<DeviceDescription> devices = {Cpu(0), Cpu(1)};
+  metrics.SetDevices(devices);
+  std::string text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_info{device="1",kind="cpu",name="cpu:1"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_kernel_bytes_total{device="1",op="attention"})"), 0);
+
+  ShardRun run;
+  run.variant = "openblas";
+  run.kernel_seconds = 0.002;
+  run.bytes = 1e6;
+  run.flops = 3e9;
+  metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[1], run);
+  metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[1], run);
+  text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, R"(gpucompute_kernel_bytes_total{device="1",op="gemm"})"), 2e6);
+  EXPECT_EQ(Sample(text, R"(gpucompute_kernel_flops_total{device="1",op="gemm"})"), 6e9);
+  EXPECT_EQ(Sample(text, R"(gpucompute_kernel_flops_total{device="0",op="gemm"})"), 0);
+  EXPECT_EQ(
+      Sample(
+          text,
+          R"(gpucompute_kernel_duration_seconds_count{device="1",dtype="bfloat16",op="gemm",variant="openblas"})"),
+      2);
+}
+
+// GET /metrics over a plain socket.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+    }
+  }
+  close(fd);
+  return response;
+}
+
+TEST(MetricsTest, ServesHttpThatPromtoolAccepts) {
+  Metrics metrics;
+  metrics.AddMethod("Echo");
+  std::vector<DeviceDescription> devices = {Cpu(0)};
+  metrics.SetDevices(devices);
+  metrics.RequestStarted();
+  metrics.RequestFinished("Echo", absl::StatusCode::kOk, 0.001);
+  ShardRun run;
+  run.variant = "cpu";
+  run.kernel_seconds = 1e-4;
+  metrics.OnShard(OpKind::kReduce, DType::kFloat32, devices[0], run);
+
+  ASSERT_TRUE(metrics.Serve("127.0.0.1:0").ok());
+  ASSERT_GT(metrics.port(), 0);
+  EXPECT_EQ(metrics.Serve("127.0.0.1:0").code(), absl::StatusCode::kFailedPrecondition);
+  const std::string response = HttpGet(metrics.port(), "/metrics");
+  ASSERT_TRUE(absl::StartsWith(response, "HTTP/1.1 200")) << response.substr(0, 200);
+  const size_t body = response.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos);
+  const std::string text = response.substr(body + 4);
+  EXPECT_EQ(Sample(text, R"(gpucompute_requests_total{code="OK",method="Echo"})"), 1);
+
+  if (access("/usr/bin/promtool", X_OK) != 0) {
+    GTEST_SKIP() << "promtool not installed (Debian package prometheus); lint skipped";
+  }
+  const std::string path = ::testing::TempDir() + "metrics_test_exposition.txt";
+  std::ofstream(path) << text;
+  FILE* pipe = popen(("/usr/bin/promtool check metrics < " + path + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string lint;
+  char buffer[512];
+  while (fgets(buffer, sizeof(buffer), pipe) != nullptr) lint += buffer;
+  EXPECT_EQ(pclose(pipe), 0) << lint;
+  EXPECT_EQ(lint, "") << "promtool check metrics reported problems";
+  std::remove(path.c_str());
+}
+
+TEST(MetricsTest, ServeReportsAnAddressInUse) {
+  Metrics first;
+  ASSERT_TRUE(first.Serve("127.0.0.1:0").ok());
+  Metrics second;
+  absl::Status status = second.Serve(absl::StrCat("127.0.0.1:", first.port()));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_EQ(second.port(), 0);
+}
+
+}  // namespace
+}  // namespace gpucompute

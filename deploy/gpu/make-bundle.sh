@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the h200 preset (sm_90a, static cudart) and bundles the server, the
+# CLI and the integration tests with every non-system library into one folder
+# that runs on the GPU machines (Ubuntu 24.04, newer glibc; no gRPC there).
+#   deploy/gpu/make-bundle.sh [OUT_DIR]   (default .gpu-server, git-ignored)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out="${1:-.gpu-server}"
+cmake --preset h200 >/dev/null
+cmake --build --preset h200 -j "$(nproc)" --target gpucompute-server gpucompute integration_test
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
+   build/h200/tests/integration/integration_test deploy/gpu/verify-server.sh "$out/bin/"
+skip='/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas[A-Za-z]*|libnvidia[^/]*)\.so'
+for bin in "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test; do
+  ldd "$bin" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -Ev "$skip" || true
+done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
+strip "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test "$out"/lib/*.so* 2>/dev/null || true
+du -sh "$out"

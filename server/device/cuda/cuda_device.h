@@ -1,0 +1,110 @@
+// The CUDA device: one GPU behind the Device interface, running our kernels
+// (gc_kernels) on streams of its own.
+//
+// Each shard leases a lane (a stream with pinned staging buffers), takes its
+// device memory from the device's stream-ordered pool (cudaMallocAsync, never
+// cudaMalloc per request), uploads the inputs it needs in pipelined chunks,
+// launches the kernels between CUDA events, and downloads its part of the
+// output. Out of memory is RESOURCE_EXHAUSTED and leaves nothing allocated;
+// an error that poisons the CUDA context marks the device unhealthy so the
+// engine stops giving it work.
+#ifndef GPUCOMPUTE_SERVER_DEVICE_CUDA_CUDA_DEVICE_H_
+#define GPUCOMPUTE_SERVER_DEVICE_CUDA_CUDA_DEVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/device/cuda/lane.h"
+#include "server/device/device.h"
+
+namespace gpucompute::cuda {
+
+struct CudaDeviceOptions {
+  // Streams (lanes) per device: shards beyond this many wait for a lane.
+  int lanes = 4;
+  // Pinned staging per lane: `staging_buffers` buffers of `staging_chunk_bytes`.
+  size_t staging_chunk_bytes = size_t{8} << 20;
+  int staging_buffers = 3;
+  // The memory pool keeps up to this many freed bytes for reuse.
+  uint64_t pool_release_threshold_bytes = uint64_t{4} << 30;
+};
+
+// Live counters of one device, read by the metrics layer.
+struct CudaDeviceStats {
+  int64_t memory_used_bytes = 0;
+  int64_t memory_total_bytes = 0;
+  int inflight_shards = 0;
+};
+
+class CudaDevice : public Device {
+ public:
+  // Sets up device `ordinal` as server device `index`. REQUIRES: a usable GPU.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal, int index, double weight,
+                                                            const CudaDeviceOptions& options);
+  ~CudaDevice() override;
+
+  const DeviceDescription& description() const override { return description_; }
+  bool healthy() const override { return healthy_.load(); }
+  std::vector<std::string> Variants(OpKind op) const override;
+
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) override;
+  absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* y_out) override;
+  absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis, bool partial,
+                                  void* out) override;
+  absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes, Range prefix,
+                                     void* out) override;
+  absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
+                                     void* o_out, float* lse_out) override;
+
+  int ordinal() const { return ordinal_; }
+  void set_peers(std::vector<int> peers) { description_.peers = std::move(peers); }
+  void set_weight(double weight) { description_.weight = weight; }
+  CudaDeviceStats Stats() const;
+
+ private:
+  class LaneLease;
+  friend class LaneLease;
+  struct ShardScope;
+
+  CudaDevice() = default;
+
+  // Takes a free lane, waiting while all are busy.
+  Lane* AcquireLane();
+  void ReleaseLane(Lane* lane);
+
+  // Converts a CUDA failure into a status, marking the device unhealthy when
+  // the error is sticky.
+  absl::Status Check(cudaError_t err, absl::string_view what);
+
+  int ordinal_ = 0;
+  DeviceDescription description_;
+  std::atomic<bool> healthy_{true};
+  std::atomic<int> inflight_{0};
+  cudaMemPool_t pool_ = nullptr;
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::vector<Lane*> free_lanes_ ABSL_GUARDED_BY(mu_);
+};
+
+// Number of usable GPUs (0 when there is no driver or no device).
+int CountUsableGpus();
+
+// Creates one CudaDevice per ordinal in `ordinals` (all GPUs when empty),
+// with server indices 0..n-1, enables peer access between every pair that
+// allows it (recorded as each device's peers), and sets weights: `weights`
+// when given (one per device), otherwise calibrated by a short GEMM and copy
+// on each device. Errors: NOT_FOUND without a GPU, INVALID_ARGUMENT for a bad
+// ordinal or weight count, or the CUDA error.
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
+    const std::vector<int>& ordinals, const std::vector<double>& weights,
+    const CudaDeviceOptions& options);
+
+}  // namespace gpucompute::cuda
+
+#endif  // GPUCOMPUTE_SERVER_DEVICE_CUDA_CUDA_DEVICE_H_

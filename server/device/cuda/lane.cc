@@ -1,0 +1,146 @@
+#include "server/device/cuda/lane.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "server/device/cuda/cuda_util.h"
+
+namespace gpucompute::cuda {
+namespace {
+
+// Walks `rows` rows of `row_bytes` laid out with `pitch` as one byte stream:
+// copies the stream bytes [offset, offset + n) to or from a dense buffer.
+void GatherRows(void* dense, const void* rows_base, size_t row_bytes, size_t pitch,
+                size_t offset, size_t n) {
+  auto* out = static_cast<char*>(dense);
+  const auto* base = static_cast<const char*>(rows_base);
+  if (pitch == row_bytes) {
+    std::memcpy(out, base + offset, n);
+    return;
+  }
+  while (n > 0) {
+    size_t row = offset / row_bytes, col = offset % row_bytes;
+    size_t take = std::min(n, row_bytes - col);
+    std::memcpy(out, base + row * pitch + col, take);
+    out += take;
+    offset += take;
+    n -= take;
+  }
+}
+
+void ScatterRows(void* rows_base, const void* dense, size_t row_bytes, size_t pitch,
+                 size_t offset, size_t n) {
+  const auto* in = static_cast<const char*>(dense);
+  auto* base = static_cast<char*>(rows_base);
+  if (pitch == row_bytes) {
+    std::memcpy(base + offset, in, n);
+    return;
+  }
+  while (n > 0) {
+    size_t row = offset / row_bytes, col = offset % row_bytes;
+    size_t take = std::min(n, row_bytes - col);
+    std::memcpy(base + row * pitch + col, in, take);
+    in += take;
+    offset += take;
+    n -= take;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_bytes,
+                                                   int num_buffers) {
+  std::unique_ptr<Lane> lane(new Lane());
+  lane->ordinal_ = ordinal;
+  lane->chunk_bytes_ = chunk_bytes;
+  absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking),
+                              "cudaStreamCreate");
+  if (!s.ok()) return s;
+  for (int i = 0; i < std::max(2, num_buffers); ++i) {
+    void* p = nullptr;
+    s = CudaStatus(cudaHostAlloc(&p, chunk_bytes, cudaHostAllocPortable), "cudaHostAlloc");
+    if (!s.ok()) return s;
+    lane->buffers_.push_back(p);
+    cudaEvent_t e;
+    s = CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    if (!s.ok()) return s;
+    lane->ready_.push_back(e);
+    lane->pending_.push_back(false);
+  }
+  return lane;
+}
+
+Lane::~Lane() {
+  DeviceGuard guard(ordinal_);
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (void* p : buffers_) cudaFreeHost(p);
+  for (cudaEvent_t e : ready_) cudaEventDestroy(e);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+absl::Status Lane::Upload(void* dst, const void* src, size_t rows, size_t row_bytes,
+                          size_t src_pitch) {
+  const size_t total = rows * row_bytes;
+  const size_t nb = buffers_.size();
+  for (size_t off = 0, i = 0; off < total; off += chunk_bytes_, ++i) {
+    const size_t b = i % nb;
+    const size_t n = std::min(chunk_bytes_, total - off);
+    if (pending_[b]) {
+      if (absl::Status s = CudaStatus(cudaEventSynchronize(ready_[b]), "staging wait"); !s.ok())
+        return s;
+      pending_[b] = false;
+    }
+    GatherRows(buffers_[b], src, row_bytes, src_pitch, off, n);
+    if (absl::Status s = CudaStatus(cudaMemcpyAsync(static_cast<char*>(dst) + off, buffers_[b], n,
+                                                    cudaMemcpyHostToDevice, stream_),
+                                    "host-to-device copy");
+        !s.ok())
+      return s;
+    if (absl::Status s = CudaStatus(cudaEventRecord(ready_[b], stream_), "cudaEventRecord");
+        !s.ok())
+      return s;
+    pending_[b] = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Lane::Download(void* dst, size_t dst_pitch, const void* src, size_t rows,
+                            size_t row_bytes) {
+  const size_t total = rows * row_bytes;
+  if (total == 0) return Synchronize();
+  const size_t nb = buffers_.size();
+  const size_t chunks = (total + chunk_bytes_ - 1) / chunk_bytes_;
+  auto issue = [&](size_t i) -> absl::Status {
+    const size_t b = i % nb, off = i * chunk_bytes_;
+    const size_t n = std::min(chunk_bytes_, total - off);
+    absl::Status s = CudaStatus(cudaMemcpyAsync(buffers_[b], static_cast<const char*>(src) + off,
+                                                n, cudaMemcpyDeviceToHost, stream_),
+                                "device-to-host copy");
+    if (!s.ok()) return s;
+    s = CudaStatus(cudaEventRecord(ready_[b], stream_), "cudaEventRecord");
+    pending_[b] = s.ok();
+    return s;
+  };
+  // Earlier uploads may still read these buffers: the DMA queue is in stream
+  // order, so issuing after them on the same stream is safe.
+  for (size_t i = 0; i < std::min(nb, chunks); ++i)
+    if (absl::Status s = issue(i); !s.ok()) return s;
+  for (size_t i = 0; i < chunks; ++i) {
+    const size_t b = i % nb, off = i * chunk_bytes_;
+    const size_t n = std::min(chunk_bytes_, total - off);
+    if (absl::Status s = CudaStatus(cudaEventSynchronize(ready_[b]), "device-to-host wait");
+        !s.ok())
+      return s;
+    pending_[b] = false;
+    ScatterRows(dst, buffers_[b], row_bytes, dst_pitch, off, n);
+    if (i + nb < chunks)
+      if (absl::Status s = issue(i + nb); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Lane::Synchronize() {
+  return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+}  // namespace gpucompute::cuda

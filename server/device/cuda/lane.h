@@ -1,0 +1,60 @@
+// A lane of a CUDA device: one stream plus its own pinned staging buffers.
+// A shard leases a lane for its whole run, so shards of different requests
+// run on different streams and overlap, and staging buffers are never shared.
+#ifndef GPUCOMPUTE_SERVER_DEVICE_CUDA_LANE_H_
+#define GPUCOMPUTE_SERVER_DEVICE_CUDA_LANE_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gpucompute::cuda {
+
+class Lane {
+ public:
+  // Creates a non-blocking stream on device `ordinal` (which must be current)
+  // and `num_buffers` pinned host buffers of `chunk_bytes` each.
+  static absl::StatusOr<std::unique_ptr<Lane>> Create(int ordinal, size_t chunk_bytes,
+                                                      int num_buffers);
+  ~Lane();
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+
+  // Enqueues a copy of `rows` host rows of `row_bytes` each (row i at
+  // src + i * src_pitch) into dense device memory at dst. Pageable host
+  // memory is gathered into the pinned buffers chunk by chunk; the gather of
+  // chunk i+1 overlaps the DMA of chunk i. Returns once every chunk is
+  // enqueued: `src` may be reused then, dst is valid in stream order.
+  absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes,
+                      size_t src_pitch);
+
+  // Copies dense device memory at src (in stream order after prior work) into
+  // `rows` host rows of `row_bytes` each (row i at dst + i * dst_pitch).
+  // Returns when the bytes are on the host. The DMA of chunk i+1 overlaps the
+  // scatter of chunk i.
+  absl::Status Download(void* dst, size_t dst_pitch, const void* src, size_t rows,
+                        size_t row_bytes);
+
+  // Waits for everything enqueued on the stream.
+  absl::Status Synchronize();
+
+ private:
+  Lane() = default;
+
+  int ordinal_ = 0;
+  cudaStream_t stream_ = nullptr;
+  size_t chunk_bytes_ = 0;
+  std::vector<void*> buffers_;       // pinned
+  std::vector<cudaEvent_t> ready_;   // buffer i may be reused once ready_[i] completes
+  std::vector<bool> pending_;        // ready_[i] was recorded and not yet waited for
+};
+
+}  // namespace gpucompute::cuda
+
+#endif  // GPUCOMPUTE_SERVER_DEVICE_CUDA_LANE_H_

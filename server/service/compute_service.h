@@ -1,0 +1,130 @@
+// The Compute service: thin gRPC callback-API handlers. Each decodes and
+// validates its request (validate.h), waits for admission (admission.h),
+// calls the engine on a worker of ours (never on gRPC's threads), encodes the
+// result (convert.h) and finishes the call from the worker.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_COMPUTE_SERVICE_H_
+#define GPUCOMPUTE_SERVER_SERVICE_COMPUTE_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "gpucompute/v1/compute.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/core/engine.h"
+#include "server/metrics/metrics.h"
+#include "server/service/admission.h"
+#include "server/service/validate.h"
+#include "server/service/worker_pool.h"
+
+namespace gpucompute {
+
+struct ServiceOptions {
+  // Checks beyond the wire format (result size, head dims).
+  Limits limits;
+  // Reported by GetServerInfo.
+  int64_t max_message_bytes = 0;
+  // Items of one Batch stream read ahead of their answers; beyond this the
+  // stream stops reading (flow control pushes back on the client).
+  int batch_window = 64;
+};
+
+class ComputeService final : public v1::Compute::CallbackService {
+ public:
+  // Borrows everything; all of it must outlive the service and every call
+  // it has started (the server drains calls and the pool first).
+  ComputeService(Engine* engine, Admission* admission, WorkerPool* pool, Metrics* metrics,
+                 ServiceOptions options);
+  ComputeService(const ComputeService&) = delete;
+  ComputeService& operator=(const ComputeService&) = delete;
+
+  grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
+                                 const v1::GemmRequest* request,
+                                 v1::GemmResponse* response) override;
+  grpc::ServerUnaryReactor* Gemv(grpc::CallbackServerContext* context,
+                                 const v1::GemvRequest* request,
+                                 v1::GemvResponse* response) override;
+  grpc::ServerUnaryReactor* Reduce(grpc::CallbackServerContext* context,
+                                   const v1::ReduceRequest* request,
+                                   v1::ReduceResponse* response) override;
+  grpc::ServerUnaryReactor* Transpose(grpc::CallbackServerContext* context,
+                                      const v1::TransposeRequest* request,
+                                      v1::TransposeResponse* response) override;
+  grpc::ServerUnaryReactor* Attention(grpc::CallbackServerContext* context,
+                                      const v1::AttentionRequest* request,
+                                      v1::AttentionResponse* response) override;
+  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
+                                 const v1::EchoRequest* request,
+                                 v1::EchoResponse* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::ServerInfoRequest* request,
+                                          v1::ServerInfoResponse* response) override;
+  grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse>* Batch(
+      grpc::CallbackServerContext* context) override;
+
+  // From now on new calls (but GetServerInfo) are answered UNAVAILABLE at
+  // once; calls already accepted, and items of open Batch streams, go on.
+  void StartDraining() { draining_ = true; }
+
+  // Blocks until no operation is running or queued (unary calls and Batch
+  // items), or until `deadline`. True when idle.
+  bool WaitIdle(absl::Time deadline);
+
+ private:
+  class BatchReactor;
+  class RejectedStream;
+
+  // UNAVAILABLE while draining, counted under `method`.
+  absl::Status CheckAccepting(absl::string_view method);
+
+  // What an operation needs to know about the call it belongs to.
+  struct Call {
+    grpc::CallbackServerContext* context;
+    absl::Time accepted;
+    absl::Time deadline;
+  };
+
+  Call StartCall(grpc::CallbackServerContext* context) const;
+
+  // Schedules `request` on the pool and finishes the call from there.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* RunUnary(absl::string_view method, grpc::CallbackServerContext* context,
+                                     const Request* request, Response* response);
+
+  // Validate, admit, compute, encode: the whole of one operation, on the
+  // calling (worker) thread. `response` is filled only on success.
+  // `ticket` receives the admission, which the caller holds until the
+  // response is sent.
+  template <typename Request, typename Response>
+  absl::Status Execute(const Request& request, Response* response, const Call& call,
+                       Admission::Ticket* ticket);
+
+  // Returns an admission ticket's bytes (if any) and updates the gauge.
+  void ReleaseTicket(Admission::Ticket& ticket);
+
+  // Accepted operations that have not started computing.
+  void EnterQueue();
+  void LeaveQueue();
+
+  // Operations accepted and not yet answered (for WaitIdle).
+  void BeginOp();
+  void EndOp();
+
+  Engine* const engine_;
+  Admission* const admission_;
+  WorkerPool* const pool_;
+  Metrics* const metrics_;
+  const ServiceOptions options_;
+  std::atomic<bool> draining_{false};
+  absl::Mutex ops_mu_;
+  int64_t active_ops_ ABSL_GUARDED_BY(ops_mu_) = 0;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_COMPUTE_SERVICE_H_

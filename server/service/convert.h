@@ -1,0 +1,47 @@
+// Results -> response messages, and the one mapping of internal errors to
+// gRPC status codes.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_CONVERT_H_
+#define GPUCOMPUTE_SERVER_SERVICE_CONVERT_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gpucompute/v1/compute.pb.h"
+#include "grpcpp/support/status.h"
+#include "server/core/engine.h"
+
+namespace gpucompute {
+
+// THE mapping from absl::Status to grpc::Status: the code carries over (both
+// follow google.rpc.Code; an out-of-range code becomes UNKNOWN) and the
+// message is kept.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Moves `tensor` into `out`: its bytes are swapped into out->data without a
+// copy; `tensor` is left empty.
+void MoveToProto(HostTensor& tensor, v1::Tensor* out);
+
+// Fills `out` from a finished operation: server and queue seconds as given,
+// and one ShardTiming per shard with bytes/s and FLOP/s over its kernel time.
+void FillTimings(const std::vector<ShardTiming>& shards, double server_seconds,
+                 double queue_seconds, v1::Timings* out);
+
+// Moves `result` into the response of its operation (the output and, for
+// attention, the LSE), filling the timings. `result` is left empty.
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::GemmResponse* response);
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::GemvResponse* response);
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::ReduceResponse* response);
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::TransposeResponse* response);
+void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
+                  v1::AttentionResponse* response);
+
+// A device as GetServerInfo reports it.
+void FillDeviceInfo(const DeviceDescription& description, bool healthy, v1::DeviceInfo* out);
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_CONVERT_H_

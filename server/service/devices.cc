@@ -1,0 +1,114 @@
+#include "server/service/devices.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/common/status_macros.h"
+#include "server/device/cpu_device.h"
+#ifdef GPUCOMPUTE_WITH_CUDA
+#include "server/device/cuda/cuda_device.h"
+#endif
+
+namespace gpucompute {
+namespace {
+
+// Head dimensions of the CPU attention.
+const std::vector<int64_t> kCpuHeadDims = {32, 64, 96, 128, 256};
+
+absl::Status CheckWeights(const std::vector<double>& weights, int num_devices) {
+  if (weights.empty()) return absl::OkStatus();
+  if (static_cast<int>(weights.size()) != num_devices) {
+    return absl::InvalidArgumentError(absl::StrCat("--device_weights: expected ", num_devices,
+                                                   " weights (one per device) but got ",
+                                                   weights.size()));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!std::isfinite(weights[i]) || weights[i] <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--device_weights: weight ", i, " is ",
+                                                     weights[i], "; expected a finite value > 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceSet> CreateCpu(const BackendOptions& options) {
+  if (!options.devices.empty()) {
+    return absl::InvalidArgumentError(
+        "--devices selects GPUs (CUDA ordinals); the CPU backend takes --cpu_devices");
+  }
+  if (options.cpu_devices < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu_devices: expected at least 1 but got ", options.cpu_devices));
+  }
+  RETURN_IF_ERROR(CheckWeights(options.device_weights, options.cpu_devices));
+  DeviceSet set;
+  set.backend = "cpu";
+  set.head_dims = kCpuHeadDims;
+  set.devices = CreateCpuDevices(options.cpu_devices, options.device_weights);
+  return set;
+}
+
+}  // namespace
+
+#ifdef GPUCOMPUTE_WITH_CUDA
+namespace {
+
+absl::StatusOr<DeviceSet> CreateCuda(const BackendOptions& options) {
+  if (options.cpu_devices != 1) {
+    return absl::InvalidArgumentError(
+        "--cpu_devices applies to the CPU backend; the CUDA backend takes --devices");
+  }
+  for (size_t i = 0; i < options.device_weights.size(); ++i) {
+    if (!std::isfinite(options.device_weights[i]) || options.device_weights[i] <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--device_weights: weight ", i, " is ",
+                                                     options.device_weights[i],
+                                                     "; expected a finite value > 0"));
+    }
+  }
+  DeviceSet set;
+  set.backend = "cuda";
+  // Head dimensions the CUDA attention takes (the flash kernels at 64 and
+  // 128, the reference version elsewhere).
+  set.head_dims = kCpuHeadDims;
+  ASSIGN_OR_RETURN(set.devices, cuda::CreateCudaDevices(options.devices, options.device_weights,
+                                                        cuda::CudaDeviceOptions{}));
+  return set;
+}
+
+}  // namespace
+#endif
+
+bool CudaAvailable() {
+#ifdef GPUCOMPUTE_WITH_CUDA
+  return cuda::CountUsableGpus() > 0;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options) {
+  if (options.backend == "cpu") return CreateCpu(options);
+  if (options.backend == "cuda") {
+#ifdef GPUCOMPUTE_WITH_CUDA
+    if (!CudaAvailable()) {
+      return absl::FailedPreconditionError("--backend=cuda: no usable CUDA device");
+    }
+    return CreateCuda(options);
+#else
+    return absl::FailedPreconditionError("CUDA backend not available in this build");
+#endif
+  }
+  if (options.backend == "auto") {
+#ifdef GPUCOMPUTE_WITH_CUDA
+    // --cpu_devices asks for the CPU backend explicitly.
+    if (CudaAvailable() && options.cpu_devices == 1) return CreateCuda(options);
+#endif
+    return CreateCpu(options);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend: expected auto, cpu or cuda but got \"", options.backend, "\""));
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,115 @@
+// The gpucompute server: the Compute service plus health, reflection and
+// metrics, over the devices of one backend.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_SERVER_H_
+#define GPUCOMPUTE_SERVER_SERVICE_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "server/core/engine.h"
+#include "server/metrics/metrics.h"
+#include "server/service/admission.h"
+#include "server/service/compute_service.h"
+#include "server/service/worker_pool.h"
+
+namespace gpucompute {
+
+// Configuration; main.cc copies its flags in here.
+struct ServerOptions {
+  // gRPC address, "host:port"; port 0 picks a free one.
+  std::string listen = "0.0.0.0:50051";
+  // Prometheus /metrics address, "host:port" (port 0 picks one); empty
+  // disables metrics serving.
+  std::string metrics_listen = "0.0.0.0:9464";
+  // "auto" (CUDA when a GPU is usable, else CPU), "cpu" or "cuda".
+  std::string backend = "auto";
+  // GPU ordinals to use (CUDA); empty = all.
+  std::vector<int> devices;
+  // Relative compute weights, one per device; empty = equal (CPU) or
+  // measured (CUDA).
+  std::vector<double> device_weights;
+  // Virtual CPU devices of the CPU backend.
+  int cpu_devices = 1;
+  // Largest request or response message, bytes (at most 2^31 - 1).
+  int64_t max_message_bytes = int64_t{1} << 30;
+  // Admission limit on the bytes (inputs plus outputs) of the operations
+  // being served at once; 0 = no limit.
+  int64_t max_inflight_bytes = int64_t{4} << 30;
+  // Threads that run operations; 0 = twice the hardware threads (at least 4).
+  int worker_threads = 0;
+  // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,
+  // by rename) once the server is serving; metrics_port is 0 when disabled.
+  std::string ready_file;
+  // How long Shutdown waits for calls in flight before cancelling them.
+  absl::Duration shutdown_timeout = absl::Seconds(30);
+};
+
+class Server {
+ public:
+  // Validates `options` and creates the devices, the engine and the
+  // service; serves nothing yet. Errors: INVALID_ARGUMENT naming the flag,
+  // FAILED_PRECONDITION for a backend this build or machine lacks, or the
+  // backend's error.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options);
+
+  // Shuts down (see Shutdown) if still serving.
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and starts serving: metrics, then gRPC (Compute, health,
+  // reflection); marks health SERVING, writes the ready file and prints the
+  // addresses to stderr. UNAVAILABLE when an address cannot be bound,
+  // INTERNAL when the ready file cannot be written. Call once.
+  absl::Status Start();
+
+  // Blocks until Shutdown has finished (at once if never started or if
+  // Start failed).
+  void Wait();
+
+  // Graceful shutdown: health NOT_SERVING, stop accepting calls, let those
+  // in flight finish (cancelling what is left after shutdown_timeout), stop
+  // the workers. Thread-safe and idempotent. REQUIRES: not called from a
+  // gRPC callback, nor while Start is running.
+  void Shutdown();
+
+  // Bound ports; 0 before Start (metrics: or when disabled).
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_->port(); }
+
+  Metrics& metrics() { return *metrics_; }
+  Engine& engine() { return *engine_; }
+
+ private:
+  explicit Server(ServerOptions options) : options_(std::move(options)) {}
+  absl::Status StartServing();
+  absl::Status WriteReadyFile() const;
+
+  const ServerOptions options_;
+  // Destroyed in reverse: the gRPC server first, the metrics last.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<ComputeService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+
+  absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification stopped_;
+};
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_SERVER_H_

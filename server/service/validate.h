@@ -1,0 +1,72 @@
+// Request validation: proto messages -> the validated specs of
+// server/core/ops.h. Every check a request can fail happens here, so that the
+// layers below take their input as given.
+//
+// The specs' TensorViews borrow the request's bytes (no copies): a spec is
+// valid while its request message lives and is not modified.
+//
+// Errors name the field and what was expected, e.g.
+//   INVALID_ARGUMENT "b.shape: expected K=7 rows (a.shape[1]) but got 5"
+// and RESOURCE_EXHAUSTED when a result would exceed Limits.
+#ifndef GPUCOMPUTE_SERVER_SERVICE_VALIDATE_H_
+#define GPUCOMPUTE_SERVER_SERVICE_VALIDATE_H_
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "gpucompute/v1/compute.pb.h"
+#include "server/core/ops.h"
+
+namespace gpucompute {
+
+// What the serving backend accepts beyond the wire format.
+struct Limits {
+  // Largest result (all output tensors together) in bytes; larger ->
+  // RESOURCE_EXHAUSTED. The server derives it from max_message_bytes.
+  int64_t max_output_bytes = std::numeric_limits<int64_t>::max();
+  // Attention head dimensions the backend implements, ascending.
+  std::vector<int64_t> head_dims = {32, 64, 96, 128, 256};
+};
+
+// Proto dtype -> ours. INVALID_ARGUMENT naming `field` for
+// DTYPE_UNSPECIFIED or an unknown value.
+absl::StatusOr<DType> ParseDType(v1::DType dtype, absl::string_view field);
+
+// Ours -> proto.
+v1::DType ToProtoDType(DType dtype);
+
+// Validates one tensor (dtype, dims >= 0, element count fits in int64, byte
+// length == count * element size) and returns a view of its bytes. `field`
+// names it in errors ("a", "x", "input", ...). The view borrows `tensor`.
+absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field);
+
+// Validates options against the input dtype: output_dtype unspecified ->
+// `input_dtype`; negative or repeated device indices are rejected (unknown
+// indices and variants are the engine's to reject, as it knows them).
+absl::StatusOr<OpOptions> ParseOptions(const v1::OpOptions& options, DType input_dtype);
+
+// One parser per operation. Each returns the validated spec or
+// INVALID_ARGUMENT / RESOURCE_EXHAUSTED as described above. The returned
+// spec borrows `request`'s tensor bytes.
+absl::StatusOr<GemmSpec> ParseGemm(const v1::GemmRequest& request, const Limits& limits = {});
+absl::StatusOr<GemvSpec> ParseGemv(const v1::GemvRequest& request, const Limits& limits = {});
+absl::StatusOr<ReduceSpec> ParseReduce(const v1::ReduceRequest& request, const Limits& limits = {});
+absl::StatusOr<TransposeSpec> ParseTranspose(const v1::TransposeRequest& request,
+                                             const Limits& limits = {});
+absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request,
+                                             const Limits& limits = {});
+
+// Bytes a validated operation holds while it runs: its inputs plus its
+// outputs (the admission cost).
+int64_t FootprintBytes(const GemmSpec& spec);
+int64_t FootprintBytes(const GemvSpec& spec);
+int64_t FootprintBytes(const ReduceSpec& spec);
+int64_t FootprintBytes(const TransposeSpec& spec);
+int64_t FootprintBytes(const AttentionSpec& spec);
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_SERVICE_VALIDATE_H_

@@ -1,0 +1,533 @@
+// The service layer: admission, the worker pool, conversions, and an
+// in-process server on a loopback port (results, errors, limits, the batch
+// stream, deadlines, health and the drain).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gpucompute/v1/compute.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "server/core/reference.h"
+#include "server/service/admission.h"
+#include "server/service/convert.h"
+#include "server/service/server.h"
+#include "server/service/worker_pool.h"
+
+namespace gpucompute {
+namespace {
+
+// --- admission ---------------------------------------------------------------
+
+bool Never() { return false; }
+
+TEST(AdmissionTest, RefusesARequestLargerThanTheLimitAtOnce) {
+  Admission admission(100);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Admission::Ticket> ticket = admission.Admit(101, absl::InfiniteFuture(), Never);
+  EXPECT_EQ(ticket.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(ticket.status().message(), "--max_inflight_bytes"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+}
+
+TEST(AdmissionTest, HoldsBytesUntilTheTicketGoes) {
+  Admission admission(100);
+  absl::StatusOr<Admission::Ticket> a = admission.Admit(60, absl::InfiniteFuture(), Never);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(admission.inflight_bytes(), 60);
+  std::atomic<bool> admitted{false};
+  std::thread waiter([&] {
+    absl::StatusOr<Admission::Ticket> b = admission.Admit(50, absl::InfiniteFuture(), Never);
+    ASSERT_TRUE(b.ok());
+    EXPECT_GT(b->wait_seconds(), 0.0);
+    admitted = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(admitted);
+  EXPECT_EQ(admission.waiting(), 1);
+  *a = Admission::Ticket();  // releases 60
+  waiter.join();
+  EXPECT_TRUE(admitted);
+  EXPECT_EQ(admission.inflight_bytes(), 0);
+  EXPECT_EQ(admission.waiting(), 0);
+}
+
+TEST(AdmissionTest, DeadlineAndCancellationEndTheWait) {
+  Admission admission(100);
+  absl::StatusOr<Admission::Ticket> held = admission.Admit(100, absl::InfiniteFuture(), Never);
+  ASSERT_TRUE(held.ok());
+  absl::StatusOr<Admission::Ticket> late =
+      admission.Admit(1, absl::Now() + absl::Milliseconds(30), Never);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "100 bytes")) << late.status();
+  std::atomic<bool> cancel{false};
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    cancel = true;
+  });
+  absl::StatusOr<Admission::Ticket> cancelled =
+      admission.Admit(1, absl::InfiniteFuture(), [&] { return cancel.load(); });
+  canceller.join();
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(admission.waiting(), 0);
+  EXPECT_EQ(admission.inflight_bytes(), 100);
+}
+
+TEST(AdmissionTest, AdmitsInArrivalOrder) {
+  Admission admission(100);
+  auto big =
+      std::make_unique<Admission::Ticket>(*admission.Admit(100, absl::InfiniteFuture(), Never));
+  std::vector<int> order;
+  absl::Mutex mu;
+  std::thread first([&] {
+    absl::StatusOr<Admission::Ticket> t = admission.Admit(80, absl::InfiniteFuture(), Never);
+    absl::MutexLock lock(&mu);
+    order.push_back(1);
+  });
+  while (admission.waiting() < 1) absl::SleepFor(absl::Milliseconds(1));
+  std::thread second([&] {
+    absl::StatusOr<Admission::Ticket> t = admission.Admit(30, absl::InfiniteFuture(), Never);
+    absl::MutexLock lock(&mu);
+    order.push_back(2);
+  });
+  while (admission.waiting() < 2) absl::SleepFor(absl::Milliseconds(1));
+  big.reset();
+  first.join();
+  second.join();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(AdmissionTest, ZeroMeansNoLimit) {
+  Admission admission(0);
+  absl::StatusOr<Admission::Ticket> t =
+      admission.Admit(int64_t{1} << 50, absl::InfiniteFuture(), Never);
+  EXPECT_TRUE(t.ok());
+}
+
+// --- worker pool -------------------------------------------------------------
+
+TEST(WorkerPoolTest, RunsEveryTaskIncludingThoseScheduledWhileStopping) {
+  std::atomic<int> ran{0};
+  {
+    WorkerPool pool(3);
+    for (int i = 0; i < 100; ++i) {
+      pool.Schedule([&pool, &ran, i] {
+        if (i % 10 == 0) pool.Schedule([&ran] { ++ran; });
+        ++ran;
+      });
+    }
+    pool.Stop();
+    EXPECT_EQ(ran, 110);
+  }
+  EXPECT_EQ(ran, 110);
+}
+
+// --- conversions -------------------------------------------------------------
+
+TEST(ConvertTest, EveryStatusCodeCarriesOver) {
+  for (int code = 0; code <= 16; ++code) {
+    const absl::Status status(static_cast<absl::StatusCode>(code), "why");
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    EXPECT_EQ(static_cast<int>(grpc_status.error_code()), code);
+    if (code != 0) {
+      EXPECT_EQ(grpc_status.error_message(), "why");
+    }
+  }
+  EXPECT_EQ(ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(99), "x")).error_code(),
+            grpc::StatusCode::UNKNOWN);
+}
+
+TEST(ConvertTest, MoveToProtoSwapsTheBytesIn) {
+  HostTensor tensor = HostTensor::Allocate(DType::kFloat16, {3, 1000});
+  const char* bytes = tensor.data.data();
+  v1::Tensor out;
+  MoveToProto(tensor, &out);
+  EXPECT_EQ(out.dtype(), v1::FLOAT16);
+  EXPECT_EQ(out.shape_size(), 2);
+  EXPECT_EQ(out.shape(1), 1000);
+  EXPECT_EQ(out.data().size(), 6000u);
+  EXPECT_EQ(out.data().data(), bytes);  // no copy
+}
+
+TEST(ConvertTest, TimingsGiveRatesOverKernelTime) {
+  ShardTiming shard;
+  shard.device = 2;
+  shard.axis = "rows";
+  shard.range = {10, 20};
+  shard.run.variant = "openblas";
+  shard.run.kernel_seconds = 0.5;
+  shard.run.transfer_seconds = 0.25;
+  shard.run.bytes = 100;
+  shard.run.flops = 1000;
+  v1::Timings timings;
+  FillTimings({shard}, 1.5, 0.125, &timings);
+  EXPECT_EQ(timings.server_seconds(), 1.5);
+  EXPECT_EQ(timings.queue_seconds(), 0.125);
+  ASSERT_EQ(timings.shards_size(), 1);
+  const v1::ShardTiming& t = timings.shards(0);
+  EXPECT_EQ(t.device(), 2);
+  EXPECT_EQ(t.variant(), "openblas");
+  EXPECT_EQ(t.axis(), "rows");
+  EXPECT_EQ(t.begin(), 10);
+  EXPECT_EQ(t.end(), 20);
+  EXPECT_EQ(t.transfer_seconds(), 0.25);
+  EXPECT_EQ(t.bytes_per_second(), 200);
+  EXPECT_EQ(t.flops_per_second(), 2000);
+}
+
+// --- server ------------------------------------------------------------------
+
+TEST(ServerCreateTest, RejectsBadOptionsNamingTheFlag) {
+  struct Case {
+    ServerOptions options;
+    absl::StatusCode code;
+    std::string flag;
+  };
+  std::vector<Case> cases;
+  auto add = [&](auto edit, absl::StatusCode code, std::string flag) {
+    ServerOptions options;
+    options.backend = "cpu";
+    edit(options);
+    cases.push_back({options, code, flag});
+  };
+  add([](ServerOptions& o) { o.backend = "tpu"; }, absl::StatusCode::kInvalidArgument, "--backend");
+  add([](ServerOptions& o) { o.cpu_devices = 0; }, absl::StatusCode::kInvalidArgument,
+      "--cpu_devices");
+  add(
+      [](ServerOptions& o) {
+        o.device_weights = {1, 2};
+      },
+      absl::StatusCode::kInvalidArgument, "--device_weights");
+  add(
+      [](ServerOptions& o) {
+        o.cpu_devices = 2;
+        o.device_weights = {1, -2};
+      },
+      absl::StatusCode::kInvalidArgument, "--device_weights");
+  add([](ServerOptions& o) { o.devices = {0}; }, absl::StatusCode::kInvalidArgument, "--devices");
+  add([](ServerOptions& o) { o.max_message_bytes = int64_t{1} << 31; },
+      absl::StatusCode::kInvalidArgument, "--max_message_bytes");
+  add([](ServerOptions& o) { o.max_inflight_bytes = -1; }, absl::StatusCode::kInvalidArgument,
+      "--max_inflight_bytes");
+  add([](ServerOptions& o) { o.listen = ""; }, absl::StatusCode::kInvalidArgument, "--listen");
+  add([](ServerOptions& o) { o.backend = "cuda"; }, absl::StatusCode::kFailedPrecondition,
+      "CUDA backend not available in this build");
+  for (const Case& c : cases) {
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(c.options);
+    ASSERT_FALSE(server.ok()) << c.flag;
+    EXPECT_EQ(server.status().code(), c.code) << server.status();
+    EXPECT_TRUE(absl::StartsWith(server.status().message(), c.flag)) << server.status();
+  }
+}
+
+v1::Tensor RandomTensor(std::vector<int64_t> shape, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  v1::Tensor t;
+  t.set_dtype(v1::FLOAT32);
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    t.add_shape(d);
+    n *= d;
+  }
+  std::vector<float> values(n);
+  for (float& v : values) v = normal(rng);
+  t.set_data(values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+std::vector<double> Doubles(const v1::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape()) n *= d;
+  return reference::ToDoubles(DType::kFloat32, t.data().data(), n);
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void StartServer(ServerOptions options) {
+    options.listen = "127.0.0.1:0";
+    options.metrics_listen = "127.0.0.1:0";
+    options.backend = "cpu";
+    options.ready_file = ::testing::TempDir() + "service_test_ready.json";
+    options.shutdown_timeout = absl::Seconds(20);
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_TRUE(server_->Start().ok());
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    channel_ = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                         grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::Compute::NewStub(channel_);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return context;
+  }
+
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Compute::Stub> stub_;
+  std::mt19937 rng_{std::random_device{}()};
+};
+
+TEST_F(ServerTest, ReadyFileInfoAndAGemmEqualToTheReference) {
+  ServerOptions options;
+  options.cpu_devices = 4;
+  options.device_weights = {1, 1, 2, 2};
+  StartServer(options);
+
+  std::ifstream ready(::testing::TempDir() + "service_test_ready.json");
+  std::stringstream ready_text;
+  ready_text << ready.rdbuf();
+  EXPECT_EQ(ready_text.str(), absl::StrCat("{\"grpc_port\": ", server_->port(),
+                                           ", \"metrics_port\": ", server_->metrics_port(), "}\n"));
+
+  v1::ServerInfoResponse info;
+  ASSERT_TRUE(stub_->GetServerInfo(Context().get(), {}, &info).ok());
+  EXPECT_EQ(info.backend(), "cpu");
+  ASSERT_EQ(info.devices_size(), 4);
+  EXPECT_EQ(info.devices(3).weight(), 2);
+  EXPECT_TRUE(info.devices(3).healthy());
+  EXPECT_EQ(info.operations_size(), 5);
+  EXPECT_EQ(info.max_message_bytes(), int64_t{1} << 30);
+
+  v1::GemmRequest request;
+  *request.mutable_a() = RandomTensor({127, 33}, rng_);
+  *request.mutable_b() = RandomTensor({33, 7}, rng_);
+  v1::GemmResponse response;
+  grpc::Status status = stub_->Gemm(Context().get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.c().shape_size(), 2);
+  const std::vector<double> want =
+      reference::Gemm(Doubles(request.a()), Doubles(request.b()), nullptr, 1, 127, 7, 33, false,
+                      false, false, false, false, 1, 0);
+  EXPECT_EQ(reference::CompareClose(Doubles(response.c()), want, 1e-5,
+                                    reference::Rtol(DType::kFloat32, 33)),
+            "");
+  // Shards in the 1:1:2:2 ratio over the 127 rows, covering them exactly.
+  ASSERT_EQ(response.timings().shards_size(), 4);
+  int64_t next = 0;
+  for (const v1::ShardTiming& shard : response.timings().shards()) {
+    EXPECT_EQ(shard.axis(), "rows");
+    EXPECT_EQ(shard.begin(), next);
+    next = shard.end();
+  }
+  EXPECT_EQ(next, 127);
+  EXPECT_GT(response.timings().server_seconds(), 0);
+
+  v1::EchoRequest echo;
+  *echo.mutable_input() = request.a();
+  v1::EchoResponse echoed;
+  ASSERT_TRUE(stub_->Echo(Context().get(), echo, &echoed).ok());
+  EXPECT_EQ(echoed.output().SerializeAsString(), request.a().SerializeAsString());
+}
+
+TEST_F(ServerTest, ErrorsAndLimits) {
+  ServerOptions options;
+  options.max_message_bytes = 1 << 20;
+  options.max_inflight_bytes = 100000;
+  StartServer(options);
+
+  v1::TransposeRequest bad;
+  *bad.mutable_input() = RandomTensor({2, 3}, rng_);
+  bad.add_perm(0);
+  v1::TransposeResponse out;
+  grpc::Status status = stub_->Transpose(Context().get(), bad, &out);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "perm:")) << status.error_message();
+
+  // A request over max_message_bytes is refused by gRPC itself.
+  v1::EchoRequest big;
+  *big.mutable_input() = RandomTensor({300000}, rng_);
+  v1::EchoResponse echoed;
+  status = stub_->Echo(Context().get(), big, &echoed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  // A result that would not fit in a response.
+  v1::GemmRequest wide;
+  *wide.mutable_a() = RandomTensor({1000, 0}, rng_);
+  *wide.mutable_b() = RandomTensor({0, 1000}, rng_);
+  v1::GemmResponse c;
+  status = stub_->Gemm(Context().get(), wide, &c);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "c:")) << status.error_message();
+
+  // Alone larger than the in-flight limit (inputs plus output).
+  v1::ReduceRequest reduce;
+  *reduce.mutable_input() = RandomTensor({30000}, rng_);
+  reduce.set_op(v1::SUM);
+  v1::ReduceResponse sum;
+  status = stub_->Reduce(Context().get(), reduce, &sum);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "--max_inflight_bytes"));
+
+  // Unknown variant and device index, named by the engine.
+  v1::ReduceRequest small;
+  *small.mutable_input() = RandomTensor({10}, rng_);
+  small.set_op(v1::MAX);
+  small.mutable_options()->set_variant("warp_shuffle_v9");
+  status = stub_->Reduce(Context().get(), small, &sum);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "options.variant"))
+      << status.error_message();
+  small.mutable_options()->clear_variant();
+  small.mutable_options()->add_devices(7);
+  status = stub_->Reduce(Context().get(), small, &sum);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "options.devices"))
+      << status.error_message();
+
+  const std::string metrics = server_->metrics().Scrape();
+  EXPECT_TRUE(absl::StrContains(
+      metrics, R"(gpucompute_requests_total{code="INVALID_ARGUMENT",method="Transpose"} 1)"));
+  EXPECT_TRUE(absl::StrContains(
+      metrics, R"(gpucompute_requests_total{code="RESOURCE_EXHAUSTED",method="Reduce"} 1)"));
+}
+
+TEST_F(ServerTest, BatchAnswersEveryItemWithItsOwnStatus) {
+  StartServer(ServerOptions());
+  auto context = Context();
+  std::unique_ptr<grpc::ClientReaderWriter<v1::BatchRequest, v1::BatchResponse>> stream =
+      stub_->Batch(context.get());
+  constexpr int kItems = 40;
+  std::map<std::string, std::vector<double>> want;
+  for (int i = 0; i < kItems; ++i) {
+    v1::BatchRequest item;
+    item.set_id(absl::StrCat("item-", i));
+    if (i % 4 == 3) {
+      item.mutable_reduce()->set_op(v1::SUM);  // no input: INVALID_ARGUMENT
+    } else {
+      v1::ReduceRequest* reduce = item.mutable_reduce();
+      *reduce->mutable_input() = RandomTensor({7, 33}, rng_);
+      reduce->set_op(v1::MAX);
+      reduce->set_has_axis(true);
+      reduce->set_axis(1);
+      want[item.id()] = reference::Reduce(Doubles(reduce->input()), 7, 33, 1, ReduceKind::kMax);
+    }
+    ASSERT_TRUE(stream->Write(item));
+  }
+  stream->WritesDone();
+  std::set<std::string> seen;
+  v1::BatchResponse response;
+  while (stream->Read(&response)) {
+    EXPECT_TRUE(seen.insert(response.id()).second) << "answered twice: " << response.id();
+    auto it = want.find(response.id());
+    if (it == want.end()) {
+      EXPECT_EQ(response.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      EXPECT_TRUE(absl::StartsWith(response.message(), "input:")) << response.message();
+      EXPECT_FALSE(response.has_reduce());
+    } else {
+      EXPECT_EQ(response.code(), 0) << response.message();
+      ASSERT_TRUE(response.has_reduce());
+      EXPECT_EQ(Doubles(response.reduce().output()), it->second);
+    }
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kItems));
+}
+
+TEST_F(ServerTest, ExpiredDeadline) {
+  StartServer(ServerOptions());
+  v1::GemmRequest request;
+  *request.mutable_a() = RandomTensor({400, 400}, rng_);
+  *request.mutable_b() = RandomTensor({400, 400}, rng_);
+  v1::GemmResponse response;
+  grpc::Status status = stub_->Gemm(Context(absl::Microseconds(1)).get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The server keeps serving.
+  status = stub_->Gemm(Context().get(), request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// Health Check over a generic stub (no generated health stubs needed).
+grpc::Status HealthCheck(grpc::Channel* channel, const std::string& service,
+                         std::string* response_bytes) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  std::string request;
+  if (!service.empty()) {
+    request.push_back('\x0a');
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer in(&slice, 1), out;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
+                 [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  std::vector<grpc::Slice> slices;
+  if (status.ok() && out.Dump(&slices).ok()) {
+    response_bytes->clear();
+    for (const grpc::Slice& s : slices) {
+      response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  return status;
+}
+
+TEST_F(ServerTest, HealthServingAndDrainAnswersInFlightAndRefusesNew) {
+  StartServer(ServerOptions());
+  std::string health;
+  ASSERT_TRUE(HealthCheck(channel_.get(), "", &health).ok());
+  EXPECT_EQ(health, std::string("\x08\x01", 2));  // SERVING
+  ASSERT_TRUE(HealthCheck(channel_.get(), "gpucompute.v1.Compute", &health).ok());
+  EXPECT_EQ(health, std::string("\x08\x01", 2));
+
+  // A slow request (the naive GEMM) in flight when the drain starts.
+  v1::GemmRequest slow;
+  *slow.mutable_a() = RandomTensor({800, 800}, rng_);
+  *slow.mutable_b() = RandomTensor({800, 800}, rng_);
+  slow.mutable_options()->set_variant("naive");
+  grpc::Status slow_status;
+  v1::GemmResponse slow_response;
+  std::thread client([&] { slow_status = stub_->Gemm(Context().get(), slow, &slow_response); });
+  while (!absl::StrContains(server_->metrics().Scrape(), "gpucompute_inflight_requests 1")) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  std::thread stopper([&] { server_->Shutdown(); });
+  // New calls are answered UNAVAILABLE while the slow one finishes.
+  grpc::Status refused;
+  for (int i = 0; i < 1000; ++i) {
+    v1::EchoRequest echo;
+    *echo.mutable_input() = RandomTensor({4}, rng_);
+    v1::EchoResponse echoed;
+    refused = stub_->Echo(Context().get(), echo, &echoed);
+    if (!refused.ok()) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "shutting down"))
+      << refused.error_message();
+  ASSERT_TRUE(HealthCheck(channel_.get(), "gpucompute.v1.Compute", &health).ok());
+  EXPECT_EQ(health, std::string("\x08\x02", 2));  // NOT_SERVING
+  client.join();
+  stopper.join();
+  EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
+  EXPECT_EQ(slow_response.c().shape_size(), 2);
+  server_->Wait();  // returns at once after Shutdown
+}
+
+}  // namespace
+}  // namespace gpucompute
