@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "prometheus/exposer.h"
+#include "server/metrics/http_endpoint.h"
 #include "prometheus/text_serializer.h"
 
 namespace gpucompute {
@@ -33,28 +33,6 @@ const prometheus::Histogram::BucketBoundaries& KernelBuckets() {
       1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
       1e-2, 2.5e-2, 5e-2, 0.1,  0.25,   0.5,  1,    2.5,    10};
   return *buckets;
-}
-
-// Opens and closes a TCP connection to host:port (loopback for a wildcard or
-// empty host); failures are ignored.
-void WakeListener(const std::string& host, int port) {
-  std::string h = host;
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  if (h.empty() || h == "0.0.0.0") h = "127.0.0.1";
-  if (h == "::") h = "::1";
-  addrinfo hints = {};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* result = nullptr;
-  if (getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &result) != 0) return;
-  for (addrinfo* ai = result; ai != nullptr; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    const bool connected = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
-    close(fd);
-    if (connected) break;
-  }
-  freeaddrinfo(result);
 }
 
 // The separator cannot occur in label values we build keys from (method
@@ -124,39 +102,15 @@ Metrics::Metrics()
                       .Add({});
 }
 
-Metrics::~Metrics() {
-  if (exposer_ == nullptr) return;
-  // The HTTP server's listener polls in 2 s slices and notices a stop only
-  // between them; connecting to it wakes it, so stopping takes milliseconds.
-  std::atomic<bool> stopped{false};
-  std::thread stopper([this, &stopped] {
-    exposer_.reset();
-    stopped = true;
-  });
-  while (!stopped) {
-    WakeListener(listen_host_, port_);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  stopper.join();
-}
+Metrics::~Metrics() = default;
 
 absl::Status Metrics::Serve(const std::string& listen) {
-  if (exposer_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
-  try {
-    auto exposer = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
-    exposer->RegisterCollectable(registry_);
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    if (ports.empty()) {
-      return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen));
-    }
-    port_ = ports.front();
-    const size_t colon = listen.rfind(':');
-    listen_host_ = colon == std::string::npos ? "" : listen.substr(0, colon);
-    exposer_ = std::move(exposer);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", listen, " (--metrics_listen): ", e.what()));
-  }
+  if (endpoint_ != nullptr) return absl::FailedPreconditionError("metrics are already served");
+  absl::StatusOr<std::unique_ptr<HttpEndpoint>> endpoint =
+      HttpEndpoint::Start(listen, [this] { return Scrape(); });
+  if (!endpoint.ok()) return endpoint.status();
+  port_ = (*endpoint)->port();
+  endpoint_ = std::move(*endpoint);
   return absl::OkStatus();
 }
 

@@ -22,11 +22,9 @@
 #include "prometheus/registry.h"
 #include "server/core/engine.h"
 
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
-
 namespace gpucompute {
+
+class HttpEndpoint;
 
 // Every family the server exports:
 //   gpucompute_requests_total{method,code}                 counter
@@ -95,9 +93,8 @@ class Metrics final : public ShardObserver {
                                      OpKind op, int device);
 
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HttpEndpoint> endpoint_;  // serves Scrape() over HTTP
   int port_ = 0;
-  std::string listen_host_;
 
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_duration_;

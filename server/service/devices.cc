@@ -97,7 +97,8 @@ absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options) {
     }
     return CreateCuda(options);
 #else
-    return absl::FailedPreconditionError("CUDA backend not available in this build");
+    return absl::FailedPreconditionError(
+        "--backend=cuda: the CUDA backend is not available in this build");
 #endif
   }
   if (options.backend == "auto") {
