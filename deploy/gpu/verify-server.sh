@@ -28,7 +28,7 @@ note "GPUs: $ngpu ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 # build machine instead), so those are left out here.
 GPUCOMPUTE_TEST_SERVER="$server" GPUCOMPUTE_TEST_CLI="$cli" \
   GPUCOMPUTE_TEST_SERVER_ARGS="--backend=cuda --devices=0" \
-  timeout 240 "$bundle/bin/integration_test" --gtest_filter='-*Shard*:*Promtool*' \
+  timeout 180 "$bundle/bin/integration_test" --gtest_filter='-*Shard*:*Promtool*' \
   >"$OUT/integration-cuda-1gpu.log" 2>&1
 note "integration suite, CUDA backend, 1 GPU: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/integration-cuda-1gpu.log" | tr '\n' ' ')"
 
@@ -125,14 +125,14 @@ PY
     name=${p%%:*}
     port=${p#*:}
     run "gemm16k-$name" "$port" gemm --m=16384 --n=16384 --k=16384 --dtype=bfloat16 --repeat=3
-    note "gemm 16384^3 bf16 [$name]: $(grep -iE 'kernel|latency|server' "$work/gemm16k-$name.txt" | tr -s ' ' | head -6 | tr '\n' ';')"
+    note "gemm 16384^3 bf16 [$name]: $(grep -E 'latency|^  [0-9]' "$work/gemm16k-$name.txt" | tr -s ' ' | head -4 | tr '\n' ';')"
     run "reduce1g-$name" "$port" reduce --shape=268435456 --op=sum --dtype=float32 --repeat=3
-    note "reduce 2^28 fp32 [$name]: $(grep -iE 'kernel|latency|server' "$work/reduce1g-$name.txt" | tr -s ' ' | head -6 | tr '\n' ';')"
+    note "reduce 2^28 fp32 [$name]: $(grep -E 'latency|^  [0-9]' "$work/reduce1g-$name.txt" | tr -s ' ' | head -4 | tr '\n' ';')"
   done
   run echo1g "$pa" echo --shape=268435456 --dtype=float32 --repeat=3
   note "echo 1 GiB: $(grep -iE 'latency|GB/s' "$work/echo1g.txt" | tr -s ' ' | head -3 | tr '\n' ';')"
   run transpose1g "$pa" transpose --shape=16384,16384 --dtype=float32 --repeat=3
-  note "transpose 1 GiB over $ngpu GPUs: $(grep -iE 'latency|GB/s|kernel' "$work/transpose1g.txt" | tr -s ' ' | head -4 | tr '\n' ';')"
+  note "transpose 1 GiB over $ngpu GPUs: $(grep -E 'latency|^  [0-9]' "$work/transpose1g.txt" | tr -s ' ' | head -4 | tr '\n' ';')"
   curl -s "http://127.0.0.1:$(metrics_port_of all)/metrics" >"$OUT/metrics-all.txt" 2>/dev/null ||
     python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$(metrics_port_of all)/metrics').read().decode())" >"$OUT/metrics-all.txt"
   note "metrics scraped: $(grep -c '^gpucompute_kernel_duration_seconds_count' "$OUT/metrics-all.txt") kernel-duration series"

@@ -229,7 +229,8 @@ cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t s
   } else {
     kernel = FlashMmaKernel<T, Tile>;
   }
-  static const cudaError_t attr = cudaFuncSetAttribute(
+  // Per launch, not once: the attribute belongs to the current device.
+  const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
   if (attr != cudaSuccess) return attr;
   dim3 grid(pl.m_blocks, p.batch * p.heads_kv, pl.splits);
@@ -306,7 +307,8 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
       !MakeTensorMap(&tv, a.v, a.dtype, a.batch * a.heads_kv, a.seq_kv, kD, Tile::kBc))
     return cudaErrorNotSupported;
   auto kernel = FlashWgmmaKernel<M, Tile, kCausal, kPipelined>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
+  // Per launch, not once: the attribute belongs to the current device.
+  const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
   if (attr != cudaSuccess) return attr;
   dim3 grid(unsigned((a.seq_q + Tile::kBr - 1) / Tile::kBr), unsigned(a.batch * a.heads_q));

@@ -17,6 +17,7 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -113,10 +114,19 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   const std::string ready = server->dir_.File("ready.json");
   std::vector<std::string> argv = {ServerPath(), "--listen=127.0.0.1:0",
                                    "--metrics_listen=127.0.0.1:0", "--ready_file=" + ready};
-  argv.insert(argv.end(), args.begin(), args.end());
-  // GPUCOMPUTE_TEST_SERVER_ARGS (space-separated) comes last, e.g.
-  // "--backend=cuda" to run the suite against the GPUs.
-  if (const char* extra = std::getenv("GPUCOMPUTE_TEST_SERVER_ARGS"); extra && *extra) {
+  // GPUCOMPUTE_TEST_SERVER_ARGS (space-separated), e.g. "--backend=cuda
+  // --devices=0", runs the suite against other devices: it replaces the
+  // tests' own virtual-CPU device flags.
+  const char* extra = std::getenv("GPUCOMPUTE_TEST_SERVER_ARGS");
+  const bool override_devices = extra != nullptr && *extra != '\0';
+  for (const std::string& arg : args) {
+    if (override_devices && (absl::StartsWith(arg, "--cpu_devices=") ||
+                             absl::StartsWith(arg, "--device_weights="))) {
+      continue;
+    }
+    argv.push_back(arg);
+  }
+  if (override_devices) {
     for (absl::string_view arg : absl::StrSplit(extra, ' ', absl::SkipEmpty()))
       argv.emplace_back(arg);
   }

@@ -46,6 +46,9 @@ DType FromKernel(k::DType t) {
   return DType::kFloat32;
 }
 
+// Largest score matrix the fp32 attention path materialises (see Attention).
+constexpr int64_t kMaxFp32ScoreBytes = int64_t{2} << 30;
+
 const char* Ptr(const void* p, int64_t byte_offset) {
   return static_cast<const char*>(p) + byte_offset;
 }
@@ -498,6 +501,87 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
                    double(no * na * s.inner));
 }
 
+absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range outer, Range axis,
+                                                  float* out) {
+  const int64_t no = outer.size(), na = axis.size();
+  if (no <= 0 || na <= 0 || s.inner == 0) return ShardRun{};
+  ShardScope scope(this);
+  const size_t es = DTypeSize(s.input.dtype);
+  const int64_t full = na / kReduceChunk;  // whole chunks
+  const int64_t tail = na - full * kReduceChunk;
+  const int64_t chunks = full + (tail ? 1 : 0);
+
+  k::ReduceArgs args;
+  args.inner = s.inner;
+  args.op = s.kind == ReduceKind::kMax   ? k::ReduceOp::kMax
+            : s.kind == ReduceKind::kMin ? k::ReduceOp::kMin
+                                         : k::ReduceOp::kSum;
+  args.in_type = ToKernel(s.input.dtype);
+  args.out_type = k::DType::kF32;
+  const std::string& variant = s.options.variant;
+  ASSIGN_OR_RETURN(void* in, scope.Alloc(size_t(no * na * s.inner) * es));
+  // Device partials as [outer][chunk][inner]; the caller wants [chunk][outer][inner].
+  ASSIGN_OR_RETURN(void* part, scope.Alloc(size_t(no * chunks * s.inner) * 4));
+  RETURN_IF_ERROR(scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
+                               size_t(no), size_t(na * s.inner) * es,
+                               size_t(s.axis_len * s.inner) * es));
+  // One workspace serves every launch: they run in stream order.
+  size_t ws_bytes = 0;
+  if (full) {
+    args.outer = full;
+    args.axis = kReduceChunk;
+    ws_bytes = k::ReduceWorkspaceBytes(args, variant);
+  }
+  if (tail) {
+    args.outer = 1;
+    args.axis = tail;
+    ws_bytes = std::max(ws_bytes, k::ReduceWorkspaceBytes(args, variant));
+  }
+  void* ws = nullptr;
+  if (ws_bytes) {
+    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
+    RETURN_IF_ERROR(Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.lane->stream()), "memset"));
+  }
+  RETURN_IF_ERROR(scope.BeginKernels());
+  cudaError_t err = cudaSuccess;
+  for (int64_t o = 0; o < no && err == cudaSuccess; ++o) {
+    const char* row = static_cast<const char*>(in) + o * na * s.inner * es;
+    float* row_out = static_cast<float*>(part) + o * chunks * s.inner;
+    if (full) {
+      args.outer = full;
+      args.axis = kReduceChunk;
+      args.in = row;
+      args.out = row_out;
+      k::Support support = k::CanImplementReduce(args, variant);
+      if (!support) return absl::InvalidArgumentError(absl::StrCat("reduce: ", support.reason));
+      err = k::LaunchReduce(args, variant, ws, scope.lane->stream());
+    }
+    if (tail && err == cudaSuccess) {
+      args.outer = 1;
+      args.axis = tail;
+      args.in = row + full * kReduceChunk * s.inner * es;
+      args.out = row_out + full * s.inner;
+      k::Support support = k::CanImplementReduce(args, variant);
+      if (!support) return absl::InvalidArgumentError(absl::StrCat("reduce: ", support.reason));
+      err = k::LaunchReduce(args, variant, ws, scope.lane->stream());
+    }
+  }
+  RETURN_IF_ERROR(scope.EndKernels(err, "reduce launch"));
+  if (no == 1) {
+    RETURN_IF_ERROR(scope.Download(out, 0, part, 1, size_t(chunks * s.inner) * 4));
+  } else {
+    std::vector<float> tmp(size_t(no * chunks * s.inner));
+    RETURN_IF_ERROR(scope.Download(tmp.data(), 0, part, 1, tmp.size() * 4));
+    for (int64_t o = 0; o < no; ++o)
+      for (int64_t c = 0; c < chunks; ++c)
+        std::memcpy(out + (c * no + o) * s.inner, tmp.data() + (o * chunks + c) * s.inner,
+                    size_t(s.inner) * 4);
+  }
+  RETURN_IF_ERROR(scope.AddKernelTime());
+  return scope.Run(variant, double(no * na * s.inner) * es + double(no * chunks * s.inner) * 4,
+                   double(no * na * s.inner));
+}
+
 absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefix_axes,
                                                Range prefix, void* out) {
   if (prefix.size() <= 0) return ShardRun{};
@@ -615,7 +699,14 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
   };
 
   ShardScope scope(this);
-  const std::string& variant = s.options.variant;
+  // The flash kernels round fp32 inputs to bf16 on load; fp32 requests get
+  // the fp32 reference version unless they name one, while its scratch (the
+  // whole score matrix of a piece) stays modest.
+  std::string variant = s.options.variant;
+  if (variant.empty() && in_t == DType::kFloat32 &&
+      double(s.batch * s.heads_q) * qn * std::max<int64_t>(skv, 1) * 4 <= double(kMaxFp32ScoreBytes)) {
+    variant = "reference";
+  }
   double flops = 0, bytes = 0;
   for (const Piece& p : pieces) {
     if (skv <= 0) {

@@ -56,6 +56,10 @@ class CudaDevice : public Device {
   absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* y_out) override;
   absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis, bool partial,
                                   void* out) override;
+  // One upload and one launch per outer row for all the whole chunks (plus
+  // one for a short last chunk), rather than a shard per chunk.
+  absl::StatusOr<ShardRun> ReduceChunks(const ReduceSpec& spec, Range outer, Range axis,
+                                        float* out) override;
   absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes, Range prefix,
                                      void* out) override;
   absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
