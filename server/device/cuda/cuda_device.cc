@@ -525,7 +525,11 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
   RETURN_IF_ERROR(scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
                                size_t(no), size_t(na * s.inner) * es,
                                size_t(s.axis_len * s.inner) * es));
-  // One workspace serves every launch: they run in stream order.
+  // One workspace serves every launch: they run in stream order. The
+  // version the kernels pick (and so the workspace) depends on the pointers,
+  // so the query sees real ones.
+  args.in = in;
+  args.out = part;
   size_t ws_bytes = 0;
   if (full) {
     args.outer = full;
