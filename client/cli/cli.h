@@ -81,6 +81,8 @@ void PrintError(const std::string& what, const absl::Status& status);
 int RunOp(const std::string& op);  // gemm, gemv, reduce, transpose, attention
 int RunEcho();
 int RunInfo();
+// Prints the server's overall health; exit 0 only when SERVING (for probes).
+int RunHealth();
 int RunBench(const std::string& op);  // bench <op>
 
 }  // namespace gpucompute::cli

@@ -22,6 +22,7 @@ commands:
                                                     --head_dim --causal --scale --lse
   echo        send a tensor and get it back         --shape
   info        server version, backend, devices, kernel variants, health
+  health      SERVING (exit 0) or not (exit 1): for container health checks
   bench <op>  N requests of <op> (or echo) at concurrency C, then Echo of the same payload
                                                     --requests --concurrency --mode=unary|batch
 
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   }
   if (command == "echo") return gpucompute::cli::RunEcho();
   if (command == "info") return gpucompute::cli::RunInfo();
+  if (command == "health") return gpucompute::cli::RunHealth();
   if (command == "bench") return gpucompute::cli::RunBench(args[2]);
   std::cerr << "gpucompute: unknown command \"" << command << "\" (gpucompute help)\n";
   return gpucompute::cli::kExitUsage;

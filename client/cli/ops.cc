@@ -552,4 +552,19 @@ int RunInfo() {
   return kExitOk;
 }
 
+int RunHealth() {
+  auto client = MakeClient();
+  if (!client.ok()) {
+    PrintError("client", client.status());
+    return kExitUsage;
+  }
+  auto health = (*client)->Health("", MakeCallOptions());
+  if (!health.ok()) {
+    PrintError("health", health.status());
+    return kExitCallFailed;
+  }
+  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*health) << "\n";
+  return *health == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitCallFailed;
+}
+
 }  // namespace gpucompute::cli

@@ -95,6 +95,9 @@ TEST_F(CliTest, EchoAndInfo) {
   for (const char* want : {"backend cpu", "health SERVING", "devices 2", "gemm", "attention"}) {
     EXPECT_TRUE(absl::StrContains(info.output, want)) << want << " missing in\n" << info.output;
   }
+  CommandResult health = Cli({"health"});
+  EXPECT_EQ(health.exit_code, kExitOk) << health.output;
+  EXPECT_EQ(health.output, "SERVING\n");
 }
 
 TEST_F(CliTest, VariantAndDeviceOptions) {
