@@ -28,6 +28,7 @@
 #include <cuda.h>
 
 #include "attention_common.cuh"
+#include "sm90_primitives.cuh"
 
 namespace gpucompute::kernels::attention {
 
@@ -53,70 +54,6 @@ struct WgmmaTile {
                 "register budget of one block per SM");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
 };
-
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits for the phase of parity `parity` to complete. A wait that outlives
-// ~2^25 polls (seconds; a healthy one takes microseconds) means a lost
-// transaction: trap rather than hang the stream.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  uint32_t polls = 0;
-  do {
-    if (++polls == (1u << 25)) __trap();
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// One TMA tile copy global -> shared, completing on `bar`.
-__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                          int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Pins accumulator registers at this point of the program so that the
-// compiler moves no access to them across an asynchronous wgmma.
-template <int N>
-__device__ __forceinline__ void FenceRegs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading
-// byte offset (N-major: to the next 64-column panel; unused K-major), stride
-// byte offset 1024 (the next eight rows).
-__device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t saddr, uint32_t lbo_bytes) {
-  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16) |
-         (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
 
 // S (+)= A B^T with A and B both K-major in shared memory, N = 128.
 template <typename M>
@@ -294,42 +231,42 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const int nblocks = (key_end + kBc - 1) / kBc;
 
   if (threadIdx.x == 0) {
-    MbarInit(bar_q, 1);
+    sm90::MbarInit(bar_q, 1);
     for (int s = 0; s < kStages; ++s) {
-      MbarInit(bar_kfull(s), 1);
-      MbarInit(bar_vfull(s), 1);
-      MbarInit(bar_empty(s), 4 * Tile::kConsumers);  // one arrival per consumer warp
+      sm90::MbarInit(bar_kfull(s), 1);
+      sm90::MbarInit(bar_vfull(s), 1);
+      sm90::MbarInit(bar_empty(s), 4 * Tile::kConsumers);  // one arrival per consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    sm90::FenceMbarrierInit();
   }
   __syncthreads();
 
   if (wg == 0) {
     // Producer.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegs));
+    sm90::SetMaxRegistersDec<Tile::kProducerRegs>();
     if (threadIdx.x == 0 && nblocks > 0) {
-      MbarExpectTx(bar_q, Tile::kQBytes);
+      sm90::MbarArriveExpectTx(bar_q, Tile::kQBytes);
 #pragma unroll
       for (int c = 0; c < Tile::kPanels; ++c)
-        TmaLoad3d(s_q + c * kBr * 128, &tmap_q, bar_q, 64 * c, m0, bh);
+        sm90::TmaLoad3d(s_q + c * kBr * 128, &tmap_q, 64 * c, m0, bh, bar_q);
       for (int n = 0; n < nblocks; ++n) {
         const int st = n % kStages, use = n / kStages;
-        if (use > 0) MbarWait(bar_empty(st), (use - 1) & 1);
-        MbarExpectTx(bar_kfull(st), Tile::kKVBytes);
+        if (use > 0) sm90::MbarWaitOrTrap(bar_empty(st), (use - 1) & 1);
+        sm90::MbarArriveExpectTx(bar_kfull(st), Tile::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Tile::kPanels; ++c)
-          TmaLoad3d(s_k + st * Tile::kKVBytes + c * kBc * 128, &tmap_k, bar_kfull(st), 64 * c,
-                    n * kBc, bkv);
-        MbarExpectTx(bar_vfull(st), Tile::kKVBytes);
+          sm90::TmaLoad3d(s_k + st * Tile::kKVBytes + c * kBc * 128, &tmap_k, 64 * c, n * kBc,
+                          bkv, bar_kfull(st));
+        sm90::MbarArriveExpectTx(bar_vfull(st), Tile::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Tile::kPanels; ++c)
-          TmaLoad3d(s_v + st * Tile::kKVBytes + c * kBc * 128, &tmap_v, bar_vfull(st), 64 * c,
-                    n * kBc, bkv);
+          sm90::TmaLoad3d(s_v + st * Tile::kKVBytes + c * kBc * 128, &tmap_v, 64 * c, n * kBc,
+                          bkv, bar_vfull(st));
       }
     }
   } else {
     // Consumers.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tile::kConsumerRegs));
+    sm90::SetMaxRegistersInc<Tile::kConsumerRegs>();
     ConsumeBlocks<M, Tile, kCausal, kPipelined>(p, wg - 1, m0, bh, nblocks, s_q, s_k, s_v, bars);
   }
 }
@@ -374,19 +311,21 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, int m
     const uint32_t k_tile = s_k + (n % kStages) * Tile::kKVBytes;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t da = MakeSmemDesc(q_rows + (kk >> 2) * kBr * 128 + (kk & 3) * 32, 16);
-      const uint64_t db = MakeSmemDesc(k_tile + (kk >> 2) * kBc * 128 + (kk & 3) * 32, 16);
+      const uint64_t da =
+          sm90::MakeSmemDesc(q_rows + (kk >> 2) * kBr * 128 + (kk & 3) * 32, 16, 1024);
+      const uint64_t db =
+          sm90::MakeSmemDesc(k_tile + (kk >> 2) * kBc * 128 + (kk & 3) * 32, 16, 1024);
       WgmmaSS128<M>(s_flat, da, db, kk > 0 ? 1 : 0);
     }
-    WgmmaCommit();
+    sm90::WgmmaCommit();
   };
   // O += P V of block n, issued and committed.
   auto issue_pv = [&](int n) {
     const uint32_t v_tile = s_v + (n % kStages) * Tile::kKVBytes;
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaPV<M, kD>(o_flat, pa[kk], MakeSmemDesc(v_tile + kk * 16 * 128, kBc * 128));
-    WgmmaCommit();
+      WgmmaPV<M, kD>(o_flat, pa[kk], sm90::MakeSmemDesc(v_tile + kk * 16 * 128, kBc * 128, 1024));
+    sm90::WgmmaCommit();
   };
   // Mask and online softmax of block n's S (in place: S becomes P, fp32).
   auto softmax = [&](int n, float (&alpha)[2]) {
@@ -414,69 +353,69 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, int m
   };
   auto release = [&](int n) {
     __syncwarp();
-    if (lane == 0) MbarArrive(bar_empty(n % kStages));
+    if (lane == 0) sm90::MbarArrive(bar_empty(n % kStages));
   };
   auto parity = [&](int n) { return uint32_t((n / kStages) & 1); };
 
-  if (nblocks > 0) MbarWait(bar_q, 0);
+  if (nblocks > 0) sm90::MbarWaitOrTrap(bar_q, 0);
   if constexpr (!kPipelined) {
     // Each block in order: Q K^T, wait, softmax, P V, wait.
     for (int n = 0; n < nblocks; ++n) {
-      MbarWait(bar_kfull(n % kStages), parity(n));
-      FenceRegs(s_flat);
-      WgmmaFence();
+      sm90::MbarWaitOrTrap(bar_kfull(n % kStages), parity(n));
+      sm90::FenceRegisters(s_flat);
+      sm90::WgmmaFence();
       issue_qk(n);
-      WgmmaWait<0>();
-      FenceRegs(s_flat);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(s_flat);
       float alpha[2];
       softmax(n, alpha);
       rescale_and_pack(alpha);
-      MbarWait(bar_vfull(n % kStages), parity(n));
-      FenceRegs(o_flat);
-      WgmmaFence();
+      sm90::MbarWaitOrTrap(bar_vfull(n % kStages), parity(n));
+      sm90::FenceRegisters(o_flat);
+      sm90::WgmmaFence();
       issue_pv(n);
-      WgmmaWait<0>();
-      FenceRegs(o_flat);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(o_flat);
       release(n);
     }
   } else if (nblocks > 0) {
     // Software pipeline inside the warpgroup: Q K^T of block n and P V of
     // block n - 1 are in flight together; the softmax of block n runs while
     // P V of block n - 1 still executes.
-    MbarWait(bar_kfull(0), 0);
-    FenceRegs(s_flat);
-    WgmmaFence();
+    sm90::MbarWaitOrTrap(bar_kfull(0), 0);
+    sm90::FenceRegisters(s_flat);
+    sm90::WgmmaFence();
     issue_qk(0);
-    WgmmaWait<0>();
-    FenceRegs(s_flat);
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(s_flat);
     {
       float alpha[2];
       softmax(0, alpha);
       rescale_and_pack(alpha);
     }
     for (int n = 1; n < nblocks; ++n) {
-      MbarWait(bar_kfull(n % kStages), parity(n));
-      FenceRegs(s_flat);
-      FenceRegs(o_flat);
-      WgmmaFence();
+      sm90::MbarWaitOrTrap(bar_kfull(n % kStages), parity(n));
+      sm90::FenceRegisters(s_flat);
+      sm90::FenceRegisters(o_flat);
+      sm90::WgmmaFence();
       issue_qk(n);
-      MbarWait(bar_vfull((n - 1) % kStages), parity(n - 1));
+      sm90::MbarWaitOrTrap(bar_vfull((n - 1) % kStages), parity(n - 1));
       issue_pv(n - 1);
-      WgmmaWait<1>();  // S of block n is ready; P V of block n - 1 may still run
-      FenceRegs(s_flat);
+      sm90::WgmmaWait<1>();  // S of block n is ready; P V of block n - 1 may still run
+      sm90::FenceRegisters(s_flat);
       float alpha[2];
       softmax(n, alpha);
-      WgmmaWait<0>();
-      FenceRegs(o_flat);
+      sm90::WgmmaWait<0>();
+      sm90::FenceRegisters(o_flat);
       release(n - 1);
       rescale_and_pack(alpha);
     }
-    MbarWait(bar_vfull((nblocks - 1) % kStages), parity(nblocks - 1));
-    FenceRegs(o_flat);
-    WgmmaFence();
+    sm90::MbarWaitOrTrap(bar_vfull((nblocks - 1) % kStages), parity(nblocks - 1));
+    sm90::FenceRegisters(o_flat);
+    sm90::WgmmaFence();
     issue_pv(nblocks - 1);
-    WgmmaWait<0>();
-    FenceRegs(o_flat);
+    sm90::WgmmaWait<0>();
+    sm90::FenceRegisters(o_flat);
     release(nblocks - 1);
   }
 

@@ -1,6 +1,8 @@
-// Hopper (sm_90a) building blocks of the tensor-core GEMM ladder: mbarrier
-// waits and arrivals, TMA tile loads, wgmma shared-memory descriptors and the
-// m64n256 wgmma instructions. Included by gemm_tc.cu only.
+// Hopper (sm_90a) building blocks of the tensor-core GEMM ladder on top of
+// sm90_primitives.cuh (mbarriers, TMA loads, wgmma fences, descriptors): the
+// GEMM-only pieces, i.e. TMA multicast and descriptor prefetch, 2-CTA cluster
+// rank / sync / remote arrive, and the m64n256 wgmma instructions. Included by
+// gemm_tc.cu only.
 //
 // Shared-memory operand layout used by every wgmma rung: one stage of an
 // operand is a stack of 128-byte rows swizzled by TMA's 128B pattern (16-byte
@@ -24,45 +26,9 @@
 #include <type_traits>
 
 #include "gemm_tc_common.cuh"
+#include "sm90_primitives.cuh"
 
 namespace gpucompute::kernels::tc {
-
-// --- mbarrier ---------------------------------------------------------------
-
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Makes initialised barriers visible to the other threads and to the async
-// (TMA) proxy; a __syncthreads() must follow.
-__device__ __forceinline__ void MbarInitFence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-// Spins until the phase with the given parity has completed. A freshly
-// initialised barrier counts its (virtual) previous phase, parity 1, as done.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 
 // --- TMA ----------------------------------------------------------------------
 
@@ -70,19 +36,8 @@ __device__ __forceinline__ void TmaPrefetchDescriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-// Loads one box of a 3-D tensor map (inner coordinate first) into shared
-// memory; completion is signalled as transaction bytes on `bar`.
-__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                          int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-
-// The same box written to the same shared-memory offset of every CTA in
-// `cta_mask` (a 2-CTA cluster: 0b11); each destination's barrier at `bar`'s
+// sm90::TmaLoad3d's box written to the same shared-memory offset of every CTA
+// in `cta_mask` (a 2-CTA cluster: 0b11); each destination's barrier at `bar`'s
 // offset receives the transaction bytes.
 __device__ __forceinline__ void TmaLoad3dMulticast(uint32_t dst, const CUtensorMap* map, int c0,
                                                    int c1, int c2, uint32_t bar,
@@ -121,42 +76,6 @@ __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
 }
 
 // --- wgmma --------------------------------------------------------------------
-
-// Shared-memory matrix descriptor: start address, leading and stride byte
-// offsets (all >> 4) and the 128-byte swizzle mode (1 in bits 62-63).
-__device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
-         (1ull << 62);
-}
-
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void WgmmaWait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-
-// Keeps the compiler from moving accumulator reads or writes across the
-// preceding asynchronous-MMA wait.
-template <int kN>
-__device__ __forceinline__ void FenceRegisters(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-template <int kRegs>
-__device__ __forceinline__ void SetMaxRegistersInc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void SetMaxRegistersDec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
-}
 
 // D[64 x 256] (fp32, 128 registers a thread) += A[64 x K] * B[K x 256], both
 // operands read from shared memory through descriptors. kTransA = 1: A is

@@ -22,6 +22,7 @@
 
 #include "gemm_tc_common.cuh"
 #include "gemm_tc_sm90.cuh"
+#include "sm90_primitives.cuh"
 
 namespace gpucompute::kernels::tc {
 
@@ -55,21 +56,21 @@ __device__ __forceinline__ void IssueStage(const CUtensorMap* map_a, const CUten
                                            uint32_t sa, uint32_t sb, uint32_t full, int kb,
                                            int m0, int n0, int ba, int bb, int rank = 0) {
   constexpr int kBK = Cfg::kRowBytes / sizeof(T);
-  MbarArriveExpectTx(full, Cfg::kStageBytes);  // all of A and both halves of B
+  sm90::MbarArriveExpectTx(full, Cfg::kStageBytes);  // all of A and both halves of B
   if constexpr (kTransA) {
 #pragma unroll
     for (int c = 0; c < Cfg::kBM / 64; ++c)
-      TmaLoad3d(sa + c * Cfg::kMnBlockBytes, map_a, m0 + 64 * c, kb * kBK, ba, full);
+      sm90::TmaLoad3d(sa + c * Cfg::kMnBlockBytes, map_a, m0 + 64 * c, kb * kBK, ba, full);
   } else {
-    TmaLoad3d(sa, map_a, kb * kBK, m0, ba, full);
+    sm90::TmaLoad3d(sa, map_a, kb * kBK, m0, ba, full);
   }
   if constexpr (kCluster == 1) {
     if constexpr (kTransB) {
-      TmaLoad3d(sb, map_b, kb * kBK, n0, bb, full);
+      sm90::TmaLoad3d(sb, map_b, kb * kBK, n0, bb, full);
     } else {
 #pragma unroll
       for (int c = 0; c < Cfg::kBN / 64; ++c)
-        TmaLoad3d(sb + c * Cfg::kMnBlockBytes, map_b, n0 + 64 * c, kb * kBK, bb, full);
+        sm90::TmaLoad3d(sb + c * Cfg::kMnBlockBytes, map_b, n0 + 64 * c, kb * kBK, bb, full);
     }
   } else {
     static_assert(kCluster == 2, "pairs of CTAs");
@@ -93,17 +94,17 @@ __device__ __forceinline__ void IssueStage(const CUtensorMap* map_a, const CUten
 // 64-row slab of A, `sb` the whole B stage. Commits them as one group.
 template <typename T, bool kTransA, bool kTransB, typename Cfg>
 __device__ __forceinline__ void MmaStage(float (&d)[128], uint32_t sa, uint32_t sb) {
-  WgmmaFence();
+  sm90::WgmmaFence();
 #pragma unroll
   for (int j = 0; j < Cfg::kKSteps; ++j) {
-    const uint64_t da = kTransA ? MakeSmemDesc(sa + j * 2048, Cfg::kMnBlockBytes, 1024)
-                                : MakeSmemDesc(sa + j * 32, 16, 1024);
-    const uint64_t db = kTransB ? MakeSmemDesc(sb + j * 32, 16, 1024)
-                                : MakeSmemDesc(sb + j * 2048, Cfg::kMnBlockBytes, 1024);
+    const uint64_t da = kTransA ? sm90::MakeSmemDesc(sa + j * 2048, Cfg::kMnBlockBytes, 1024)
+                                : sm90::MakeSmemDesc(sa + j * 32, 16, 1024);
+    const uint64_t db = kTransB ? sm90::MakeSmemDesc(sb + j * 32, 16, 1024)
+                                : sm90::MakeSmemDesc(sb + j * 2048, Cfg::kMnBlockBytes, 1024);
     // wgmma's transpose flags mean "MN-major": A transposed, B not transposed.
     WgmmaM64N256<T, kTransA ? 1 : 0, kTransB ? 0 : 1>(d, da, db);
   }
-  WgmmaCommit();
+  sm90::WgmmaCommit();
 }
 
 // Writes a consumer warpgroup's 64 x 256 accumulator block whose first row is
@@ -166,8 +167,9 @@ __global__ void __launch_bounds__(128, 1)
   if (threadIdx.x == 0) {
     TmaPrefetchDescriptor(&map_a);
     TmaPrefetchDescriptor(&map_b);
-    for (int s = 0; s < Cfg::kStages; ++s) MbarInit(bars + 8 * s, 1);
-    MbarInitFence();
+    for (int s = 0; s < Cfg::kStages; ++s) sm90::MbarInit(bars + 8 * s, 1);
+    sm90::FenceMbarrierInit();  // the barriers, to the other threads ...
+    sm90::FenceProxyAsync();    // ... and to the async (TMA) proxy
   }
   __syncthreads();
 
@@ -188,9 +190,9 @@ __global__ void __launch_bounds__(128, 1)
 
   for (int kb = 0; kb < kblocks; ++kb) {
     const int s = kb % Cfg::kStages;
-    MbarWait(bars + 8 * s, (kb / Cfg::kStages) & 1);
+    sm90::MbarWait(bars + 8 * s, (kb / Cfg::kStages) & 1);
     MmaStage<T, kTransA, kTransB, Cfg>(d, stage_a(s), stage_b(s));
-    WgmmaWait<1>();  // k-block kb-1 has been read by this thread's warp
+    sm90::WgmmaWait<1>();  // k-block kb-1 has been read by this thread's warp
     __syncthreads();  // ... and by every warp: refill its stage
     const int refill = kb - 1 + Cfg::kStages;
     if (threadIdx.x == 0 && kb >= 1 && refill < kblocks) {
@@ -199,8 +201,8 @@ __global__ void __launch_bounds__(128, 1)
                                            bars + 8 * rs, refill, m0, n0, ba, bb);
     }
   }
-  WgmmaWait<0>();
-  FenceRegisters(d);
+  sm90::WgmmaWait<0>();
+  sm90::FenceRegisters(d);
   Epilogue<T>(p, bi, m0, n0, d);
 }
 
@@ -231,16 +233,17 @@ __global__ void __launch_bounds__(384, 1)
     TmaPrefetchDescriptor(&map_a);
     TmaPrefetchDescriptor(&map_b);
     for (int s = 0; s < Cfg::kStages; ++s) {
-      MbarInit(full + 8 * s, 1);
-      MbarInit(empty + 8 * s, 4 * Cfg::kConsumers * kCluster);  // every consumer warp
+      sm90::MbarInit(full + 8 * s, 1);
+      sm90::MbarInit(empty + 8 * s, 4 * Cfg::kConsumers * kCluster);  // every consumer warp
     }
-    MbarInitFence();
+    sm90::FenceMbarrierInit();  // the barriers, to the other threads ...
+    sm90::FenceProxyAsync();    // ... and to the async (TMA) proxy
   }
   if constexpr (kCluster > 1) ClusterSync();  // the partner's barriers exist before use
   else __syncthreads();
 
   if (wg == 0) {
-    SetMaxRegistersDec<40>();
+    sm90::SetMaxRegistersDec<40>();
     if (threadIdx.x == 0) {
       uint32_t it = 0;
       for (int64_t tile = first; tile < p.tiles; tile += step) {
@@ -250,19 +253,19 @@ __global__ void __launch_bounds__(384, 1)
         const int ba = bi * p.a_batched, bb = bi * p.b_batched;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % Cfg::kStages;
-          MbarWait(empty + 8 * s, ((it / Cfg::kStages) & 1) ^ 1);
+          sm90::MbarWait(empty + 8 * s, ((it / Cfg::kStages) & 1) ^ 1);
           IssueStage<T, kTransA, kTransB, Cfg, kCluster>(&map_a, &map_b, stage_a(s), stage_b(s),
                                                          full + 8 * s, kb, m0, n0, ba, bb, rank);
         }
       }
     }
   } else {
-    SetMaxRegistersInc<232>();
+    sm90::SetMaxRegistersInc<232>();
     const int consumer = wg - 1;
     const bool arriver = threadIdx.x % 32 == 0;
     auto release = [&](int s) {
       if constexpr (kCluster == 1) {
-        MbarArrive(empty + 8 * s);
+        sm90::MbarArrive(empty + 8 * s);
       } else {
 #pragma unroll
         for (int r = 0; r < kCluster; ++r) MbarArriveCluster(empty + 8 * s, r);
@@ -277,15 +280,15 @@ __global__ void __launch_bounds__(384, 1)
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         const int s = it % Cfg::kStages;
-        MbarWait(full + 8 * s, (it / Cfg::kStages) & 1);
+        sm90::MbarWait(full + 8 * s, (it / Cfg::kStages) & 1);
         MmaStage<T, kTransA, kTransB, Cfg>(d, stage_a(s) + consumer * 64 * Cfg::kRowBytes,
                                            stage_b(s));
-        WgmmaWait<1>();  // the previous k-block's group is done: release its stage
+        sm90::WgmmaWait<1>();  // the previous k-block's group is done: release its stage
         if (kb > 0 && arriver) release((it - 1) % Cfg::kStages);
       }
-      WgmmaWait<0>();
+      sm90::WgmmaWait<0>();
       if (arriver) release((it - 1) % Cfg::kStages);
-      FenceRegisters(d);
+      sm90::FenceRegisters(d);
       Epilogue<T>(p, bi, (tm * kCluster + rank) * Cfg::kBM + consumer * 64, tn * Cfg::kBN, d);
     }
   }

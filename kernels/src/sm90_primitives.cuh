@@ -1,0 +1,157 @@
+// Hopper inline-PTX primitives shared by the wgmma GEMM (gemm_tc_sm90.cuh,
+// gemm_tc_wgmma.cuh) and the wgmma FlashAttention kernel (attention_wgmma.cuh):
+// mbarrier init / arrive / wait, 3-D TMA tile loads, the proxy and mbarrier-init
+// fences, wgmma fence / commit / wait, the accumulator register fence,
+// setmaxnreg and the 128B-swizzle shared-memory matrix descriptor.
+//
+// The mbarrier and TMA parts need sm_90; the wgmma and setmaxnreg parts need
+// sm_90a (the arch-specific target), so only kernels compiled for sm_90a may
+// call them. Every function is a force-inlined wrapper around one instruction
+// (or one short fixed sequence); nothing here allocates or synchronises beyond
+// what its comment says.
+#ifndef GPUCOMPUTE_KERNELS_SRC_SM90_PRIMITIVES_CUH_
+#define GPUCOMPUTE_KERNELS_SRC_SM90_PRIMITIVES_CUH_
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace gpucompute::kernels::sm90 {
+
+// --- mbarrier -----------------------------------------------------------------
+// `bar` is always the shared-memory (shared::cta) address of an 8-byte
+// aligned 64-bit mbarrier.
+
+// Initialises the barrier at `bar` to expect `count` arrivals per phase. One
+// thread only; publish with FenceMbarrierInit() and a block (or cluster)
+// barrier before any other thread or the TMA unit uses it.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes the preceding mbarrier.init writes of this thread visible to the
+// other threads of the cluster (release, cluster scope).
+__device__ __forceinline__ void FenceMbarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Orders this thread's generic-proxy shared-memory accesses before later
+// async-proxy (TMA, wgmma) accesses to shared memory of this CTA.
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Arrives on `bar` (one arrival, release at CTA scope).
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Arrives on `bar` and raises the phase's expected transaction count by
+// `bytes`: the phase completes once every arrival is in and `bytes` bytes of
+// asynchronous copies (TmaLoad3d) have landed.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// Polls once (with the hardware's bounded suspend): true when the phase of
+// parity `parity` has completed, with acquire ordering at CTA scope.
+__device__ __forceinline__ bool MbarTryWait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Spins until the phase of parity `parity` has completed. A freshly
+// initialised barrier counts its (virtual) previous phase, parity 1, as done.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  while (!MbarTryWait(bar, parity)) {
+  }
+}
+
+// MbarWait that gives up: a wait that outlives ~2^25 polls (seconds; a
+// healthy one takes microseconds) means a lost transaction, so it traps
+// rather than hang the stream.
+__device__ __forceinline__ void MbarWaitOrTrap(uint32_t bar, uint32_t parity) {
+  uint32_t polls = 0;
+  do {
+    if (++polls == (1u << 25)) __trap();
+  } while (!MbarTryWait(bar, parity));
+}
+
+// --- TMA ----------------------------------------------------------------------
+
+// Copies one box of the 3-D tensor map `map` (a __grid_constant__ kernel
+// parameter or global memory), box origin {c0, c1, c2} innermost first, to
+// shared memory at `dst`; completion is signalled as transaction bytes on
+// `bar` (see MbarArriveExpectTx). `dst` must be 128-byte aligned (1024 for
+// 128B swizzle).
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                          int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+// --- wgmma (sm_90a) -------------------------------------------------------------
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand: start
+// address, leading and stride byte offsets (each >> 4 into its 14-bit field)
+// and the 128B swizzle mode (1 in bits 62-63). `addr` must lie in the
+// 1024-byte-aligned swizzle atoms TMA wrote.
+__device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// Orders this warpgroup's register and shared-memory accesses before the
+// wgmma.mma_async instructions that follow. Whole warpgroup.
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+// Closes the wgmma.mma_async instructions issued since the last commit into
+// one group. Whole warpgroup.
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// Waits until at most kPending committed wgmma groups are still in flight.
+// Follow with FenceRegisters on the accumulators before touching them.
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Pins the accumulator registers `d` at this point of the program, so that
+// the compiler moves no read or write of them across an asynchronous wgmma
+// (issue or wait). Emits no instruction.
+template <int kN>
+__device__ __forceinline__ void FenceRegisters(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Raises (Inc) or lowers (Dec) the per-thread register count of this
+// warpgroup to kRegs (a multiple of 8 in 24..256). Whole warpgroup.
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegistersInc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void SetMaxRegistersDec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+}  // namespace gpucompute::kernels::sm90
+
+#endif  // GPUCOMPUTE_KERNELS_SRC_SM90_PRIMITIVES_CUH_
