@@ -92,6 +92,11 @@ const char* PathFromEnv(const char* variable, const char* built) {
 
 }  // namespace
 
+bool DevicesOverridden() {
+  const char* extra = std::getenv("GPUCOMPUTE_TEST_SERVER_ARGS");
+  return extra != nullptr && *extra != '\0';
+}
+
 const char* ServerPath() { return PathFromEnv("GPUCOMPUTE_TEST_SERVER", GC_SERVER_PATH); }
 const char* CliPath() { return PathFromEnv("GPUCOMPUTE_TEST_CLI", GC_CLI_PATH); }
 const char* PromtoolPath() { return PathFromEnv("GPUCOMPUTE_TEST_PROMTOOL", GC_PROMTOOL_PATH); }

@@ -18,6 +18,17 @@
 namespace gpucompute::testing {
 
 // Paths baked in by tests/integration/CMakeLists.txt.
+// True when GPUCOMPUTE_TEST_SERVER_ARGS replaces the tests' device flags
+// (the suite run over other devices). Tests that pin a topology of their own
+// skip then.
+bool DevicesOverridden();
+
+#define GC_SKIP_IF_DEVICES_OVERRIDDEN()                                              \
+  do {                                                                               \
+    if (::gpucompute::testing::DevicesOverridden())                                  \
+      GTEST_SKIP() << "pins its own device topology; GPUCOMPUTE_TEST_SERVER_ARGS is set"; \
+  } while (0)
+
 const char* ServerPath();
 const char* CliPath();
 const char* PromtoolPath();  // "" when promtool was not found

@@ -66,6 +66,7 @@ void ExpectCovers(const v1::Timings& t, int64_t extent) {
 class ShardingTest : public ::testing::TestWithParam<Topology> {
  protected:
   void SetUp() override {
+    GC_SKIP_IF_DEVICES_OVERRIDDEN();
     const std::vector<int>& w = GetParam().weights;
     auto many = ServerProcess::Start({absl::StrCat("--cpu_devices=", w.size()),
                                       absl::StrCat("--device_weights=", absl::StrJoin(w, ","))});

@@ -74,7 +74,7 @@ std::vector<BadCase> Cases() {
   gemm("gemm_unknown_variant", "options.variant",
        [](auto& r) { r.mutable_options()->set_variant("warp-drive"); });
   gemm("gemm_device_out_of_range", "options.devices",
-       [](auto& r) { r.mutable_options()->add_devices(7); });
+       [](auto& r) { r.mutable_options()->add_devices(1000); });
   gemm("gemm_negative_device", "options.devices",
        [](auto& r) { r.mutable_options()->add_devices(-1); });
   gemm("gemm_bad_output_dtype", "options.output_dtype",
