@@ -60,8 +60,6 @@ __global__ void CompareKernel(const void* a, const void* b, size_t n, int dtype,
   atomicMax(worst, __float_as_uint(local));
 }
 
-__global__ void SpinKernel() {}
-
 }  // namespace
 
 std::vector<Registered>& Registry() {
