@@ -18,6 +18,6 @@ ENV PATH=/opt/gpucompute/bin:$PATH LD_LIBRARY_PATH=/opt/gpucompute/lib
 USER gpucompute
 EXPOSE 50051 9464
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
-  CMD ["gpucompute", "--server=127.0.0.1:50051", "--timeout=4", "health"]
+  CMD ["gpucompute", "--server=127.0.0.1:50051", "--timeout=4s", "health"]
 ENTRYPOINT ["gpucompute-server"]
 CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464"]
