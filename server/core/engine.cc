@@ -35,7 +35,10 @@ absl::StatusOr<HostTensor> AllocateOutput(DType dtype, std::vector<int64_t> shap
 
 Engine::Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices,
                ShardObserver* observer)
-    : backend_(std::move(backend)), devices_(std::move(devices)), observer_(observer) {}
+    : backend_(std::move(backend)),
+      devices_(std::move(devices)),
+      observer_(observer),
+      inflight_(new std::atomic<int>[devices_.size()]()) {}
 
 Engine::~Engine() = default;
 
@@ -102,10 +105,18 @@ absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(
   const size_t count = plan.shards.size();
   std::vector<absl::StatusOr<ShardRun>> runs(count, absl::UnknownError("shard did not run"));
   auto run_one = [&](size_t s) {
+    const int device = selected[plan.shards[s].device];
+    // Counted in flight for as long as the device holds the shard, also when
+    // it throws.
+    struct InflightScope {
+      explicit InflightScope(std::atomic<int>& n) : count(n) { ++count; }
+      ~InflightScope() { --count; }
+      std::atomic<int>& count;
+    } inflight(inflight_[device]);
     // An exception escaping a shard thread would end the process: make it an
     // error of this operation instead.
     try {
-      runs[s] = run_shard(*devices_[selected[plan.shards[s].device]], plan.shards[s]);
+      runs[s] = run_shard(*devices_[device], plan.shards[s]);
     } catch (const std::bad_alloc&) {
       runs[s] = absl::ResourceExhaustedError("out of host memory running a shard");
     } catch (const std::exception& e) {

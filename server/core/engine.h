@@ -3,6 +3,7 @@
 #ifndef GPUCOMPUTE_SERVER_CORE_ENGINE_H_
 #define GPUCOMPUTE_SERVER_CORE_ENGINE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -63,6 +64,9 @@ class Engine {
   const std::string& backend() const { return backend_; }
   int num_devices() const { return static_cast<int>(devices_.size()); }
   const Device& device(int i) const { return *devices_[i]; }
+  // Shards running on device `i` right now (any operation, any caller).
+  // REQUIRES: 0 <= i < num_devices().
+  int InflightShards(int i) const { return inflight_[i].load(std::memory_order_relaxed); }
   // True while at least one device is healthy.
   bool AnyHealthy() const;
   // Union of the devices' variant names for `op`, fastest first.
@@ -85,6 +89,7 @@ class Engine {
   std::string backend_;
   std::vector<std::unique_ptr<Device>> devices_;
   ShardObserver* observer_;
+  std::unique_ptr<std::atomic<int>[]> inflight_;  // shards running, per device
 };
 
 }  // namespace gpucompute

@@ -34,9 +34,19 @@ struct DeviceDescription {
 struct ShardRun {
   std::string variant;          // the variant that ran
   double kernel_seconds = 0;    // compute time
-  double transfer_seconds = 0;  // data movement time (0 on the CPU)
+  double transfer_seconds = 0;  // data movement time, h2d + d2h (0 on the CPU)
+  double h2d_seconds = 0;       // host-to-device part of transfer_seconds
+  double d2h_seconds = 0;       // device-to-host part of transfer_seconds
+  double h2d_bytes = 0;         // bytes copied host to device
+  double d2h_bytes = 0;         // bytes copied device to host
   double bytes = 0;             // bytes this shard had to move
   double flops = 0;             // FLOPs this shard did
+};
+
+// Memory of one device, in bytes.
+struct DeviceMemory {
+  int64_t used_bytes = 0;
+  int64_t total_bytes = 0;
 };
 
 class Device {
@@ -47,6 +57,11 @@ class Device {
 
   // False once the device has failed for good; the engine then skips it.
   virtual bool healthy() const = 0;
+
+  // Device memory in use and in total, as of now. The default reports
+  // description().memory_bytes as the total and nothing in use: the CPU
+  // backend has no device memory of its own to account.
+  virtual DeviceMemory MemoryUsage() const { return {0, description().memory_bytes}; }
 
   // Variant names this device accepts for `op`, fastest first.
   virtual std::vector<std::string> Variants(OpKind op) const = 0;
@@ -84,6 +99,10 @@ class Device {
       if (total.variant.empty()) total.variant = run->variant;
       total.kernel_seconds += run->kernel_seconds;
       total.transfer_seconds += run->transfer_seconds;
+      total.h2d_seconds += run->h2d_seconds;
+      total.d2h_seconds += run->d2h_seconds;
+      total.h2d_bytes += run->h2d_bytes;
+      total.d2h_bytes += run->d2h_bytes;
       total.bytes += run->bytes;
       total.flops += run->flops;
       out += chunk_floats;

@@ -27,7 +27,7 @@ const prometheus::Histogram::BucketBoundaries& RequestBuckets() {
   return *buckets;
 }
 
-// Kernel time: 10 us to 10 s.
+// Kernel and transfer time: 10 us to 10 s.
 const prometheus::Histogram::BucketBoundaries& KernelBuckets() {
   static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
       1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
@@ -38,6 +38,10 @@ const prometheus::Histogram::BucketBoundaries& KernelBuckets() {
 // The separator cannot occur in label values we build keys from (method
 // names, variant names, codes).
 constexpr char kSep = '\x1f';
+
+// Values of the `direction` label of the transfer families.
+constexpr char kHostToDevice[] = "host_to_device";
+constexpr char kDeviceToHost[] = "device_to_host";
 
 }  // namespace
 
@@ -67,10 +71,45 @@ Metrics::Metrics()
                         .Help("Floating-point operations the kernels did, by operation and "
                               "device.")
                         .Register(*registry_)),
+      transfer_duration_(prometheus::BuildHistogram()
+                             .Name("gpucompute_transfer_duration_seconds")
+                             .Help("Copy time per shard between host and device memory, by "
+                                   "device and direction (host_to_device, device_to_host); "
+                                   "shards that copied nothing that way are not observed.")
+                             .Register(*registry_)),
+      transfer_bytes_(prometheus::BuildCounter()
+                          .Name("gpucompute_transfer_bytes_total")
+                          .Help("Bytes copied between host and device memory, by device and "
+                                "direction (host_to_device, device_to_host).")
+                          .Register(*registry_)),
       device_info_(prometheus::BuildGauge()
                        .Name("gpucompute_device_info")
                        .Help("Compute devices of this server (value 1).")
-                       .Register(*registry_)) {
+                       .Register(*registry_)),
+      device_memory_used_(prometheus::BuildGauge()
+                              .Name("gpucompute_device_memory_used_bytes")
+                              .Help("Device memory in use (GPUs, as cudaMemGetInfo reports it "
+                                    "for the whole device; 0 on the CPU backend).")
+                              .Register(*registry_)),
+      device_memory_total_(prometheus::BuildGauge()
+                               .Name("gpucompute_device_memory_total_bytes")
+                               .Help("Device memory in total (on the CPU backend, the device's "
+                                     "share of host memory).")
+                               .Register(*registry_)),
+      device_inflight_shards_(prometheus::BuildGauge()
+                                  .Name("gpucompute_device_inflight_shards")
+                                  .Help("Shards running on the device.")
+                                  .Register(*registry_)),
+      device_healthy_(prometheus::BuildGauge()
+                          .Name("gpucompute_device_healthy")
+                          .Help("1 while the device is healthy, 0 once it has failed for good "
+                                "(it then gets no work).")
+                          .Register(*registry_)),
+      device_peer_access_(prometheus::BuildGauge()
+                              .Name("gpucompute_device_peer_access")
+                              .Help("Topology: 1 for each device that can reach peer's memory "
+                                    "directly.")
+                              .Register(*registry_)) {
   received_bytes_ = &prometheus::BuildCounter()
                          .Name("gpucompute_received_bytes_total")
                          .Help("Bytes of request messages received.")
@@ -115,7 +154,32 @@ absl::Status Metrics::Serve(const std::string& listen) {
 }
 
 std::string Metrics::Scrape() const {
+  RefreshDevices();
   return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
+
+void Metrics::SetDeviceRefresh(std::function<std::vector<DeviceState>()> refresh) {
+  absl::MutexLock lock(&refresh_mu_);
+  refresh_ = std::move(refresh);
+}
+
+void Metrics::RefreshDevices() const {
+  std::vector<DeviceState> states;
+  {
+    absl::MutexLock lock(&refresh_mu_);
+    if (!refresh_) return;
+    states = refresh_();
+  }
+  absl::MutexLock lock(&mu_);
+  for (const DeviceState& state : states) {
+    auto it = device_gauges_.find(state.index);
+    if (it == device_gauges_.end()) continue;
+    const DeviceGauges& gauges = it->second;
+    gauges.memory_used->Set(static_cast<double>(state.memory_used_bytes));
+    gauges.memory_total->Set(static_cast<double>(state.memory_total_bytes));
+    gauges.inflight_shards->Set(state.inflight_shards);
+    gauges.healthy->Set(state.healthy ? 1 : 0);
+  }
 }
 
 void Metrics::AddMethod(absl::string_view method) {
@@ -125,15 +189,26 @@ void Metrics::AddMethod(absl::string_view method) {
 
 void Metrics::SetDevices(absl::Span<const DeviceDescription> devices) {
   for (const DeviceDescription& device : devices) {
-    device_info_
-        .Add({{"device", std::to_string(device.index)},
-              {"kind", device.kind},
-              {"name", device.name}})
-        .Set(1);
+    const std::string index = std::to_string(device.index);
+    device_info_.Add({{"device", index}, {"kind", device.kind}, {"name", device.name}}).Set(1);
+    for (int peer : device.peers) {
+      device_peer_access_.Add({{"device", index}, {"peer", std::to_string(peer)}}).Set(1);
+    }
+    Transfers(device.index);
     absl::MutexLock lock(&mu_);
     for (OpKind op : kAllOps) {
       KernelCounter(kernel_bytes_, kernel_bytes_series_, op, device.index);
       KernelCounter(kernel_flops_, kernel_flops_series_, op, device.index);
+    }
+    if (!device_gauges_.contains(device.index)) {
+      DeviceGauges gauges;
+      gauges.memory_used = &device_memory_used_.Add({{"device", index}});
+      gauges.memory_total = &device_memory_total_.Add({{"device", index}});
+      gauges.inflight_shards = &device_inflight_shards_.Add({{"device", index}});
+      gauges.healthy = &device_healthy_.Add({{"device", index}});
+      gauges.memory_total->Set(static_cast<double>(device.memory_bytes));
+      gauges.healthy->Set(1);
+      device_gauges_[device.index] = gauges;
     }
   }
 }
@@ -153,6 +228,11 @@ void Metrics::ItemFinished(absl::string_view method, absl::StatusCode code, doub
 void Metrics::OnShard(OpKind op, DType dtype, const DeviceDescription& device,
                       const ShardRun& run) {
   KernelHistogram(op, run.variant, device.index, dtype).Observe(run.kernel_seconds);
+  const TransferSeries transfers = Transfers(device.index);
+  if (run.h2d_seconds > 0) transfers.h2d_seconds->Observe(run.h2d_seconds);
+  if (run.d2h_seconds > 0) transfers.d2h_seconds->Observe(run.d2h_seconds);
+  transfers.h2d_bytes->Increment(run.h2d_bytes);
+  transfers.d2h_bytes->Increment(run.d2h_bytes);
   absl::MutexLock lock(&mu_);
   KernelCounter(kernel_bytes_, kernel_bytes_series_, op, device.index).Increment(run.bytes);
   KernelCounter(kernel_flops_, kernel_flops_series_, op, device.index).Increment(run.flops);
@@ -204,6 +284,22 @@ prometheus::Counter& Metrics::KernelCounter(
     counter = &family.Add({{"op", std::string(OpName(op))}, {"device", std::to_string(device)}});
   }
   return *counter;
+}
+
+Metrics::TransferSeries Metrics::Transfers(int device) {
+  absl::MutexLock lock(&mu_);
+  auto it = transfer_series_.find(device);
+  if (it != transfer_series_.end()) return it->second;
+  const std::string index = std::to_string(device);
+  TransferSeries series;
+  series.h2d_seconds =
+      &transfer_duration_.Add({{"device", index}, {"direction", kHostToDevice}}, KernelBuckets());
+  series.d2h_seconds =
+      &transfer_duration_.Add({{"device", index}, {"direction", kDeviceToHost}}, KernelBuckets());
+  series.h2d_bytes = &transfer_bytes_.Add({{"device", index}, {"direction", kHostToDevice}});
+  series.d2h_bytes = &transfer_bytes_.Add({{"device", index}, {"direction", kDeviceToHost}});
+  transfer_series_[device] = series;
+  return series;
 }
 
 }  // namespace gpucompute

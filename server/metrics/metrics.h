@@ -6,8 +6,10 @@
 #define GPUCOMPUTE_SERVER_METRICS_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -26,6 +28,15 @@ namespace gpucompute {
 
 class HttpEndpoint;
 
+// One device's live state, read by the server at each scrape.
+struct DeviceState {
+  int index = 0;  // DeviceDescription::index
+  int64_t memory_used_bytes = 0;
+  int64_t memory_total_bytes = 0;
+  int inflight_shards = 0;
+  bool healthy = true;
+};
+
 // Every family the server exports:
 //   gpucompute_requests_total{method,code}                 counter
 //   gpucompute_request_duration_seconds{method}            histogram
@@ -35,7 +46,15 @@ class HttpEndpoint;
 //   gpucompute_received_bytes_total, gpucompute_sent_bytes_total  counters
 //   gpucompute_inflight_requests, gpucompute_inflight_bytes,
 //   gpucompute_queue_depth                                 gauges
+//   gpucompute_transfer_duration_seconds{device,direction} histogram
+//   gpucompute_transfer_bytes_total{device,direction}      counter
+//     (direction: host_to_device, device_to_host)
 //   gpucompute_device_info{device,kind,name} = 1           gauge
+//   gpucompute_device_memory_used_bytes{device},
+//   gpucompute_device_memory_total_bytes{device},
+//   gpucompute_device_inflight_shards{device},
+//   gpucompute_device_healthy{device} (1/0)                gauges, at scrape
+//   gpucompute_device_peer_access{device,peer} = 1         gauge (topology)
 // Thread-safe.
 class Metrics final : public ShardObserver {
  public:
@@ -52,16 +71,27 @@ class Metrics final : public ShardObserver {
   int port() const { return port_; }
 
   // The current exposition in the Prometheus text format (what a scrape of
-  // /metrics returns).
+  // /metrics returns), after refreshing the per-device gauges.
   std::string Scrape() const;
 
   // Creates the per-method series (so that they are exported before the
   // first request) for a method name such as "Gemm".
   void AddMethod(absl::string_view method);
 
-  // Exports gpucompute_device_info for `devices` and creates their kernel
-  // byte and FLOP series for every operation.
+  // Exports gpucompute_device_info and the peer pairs of `devices`, and
+  // creates their other series: kernel bytes and FLOPs for every operation,
+  // transfers in both directions, and the per-device gauges (memory total
+  // from the description, nothing used or in flight, healthy) until the
+  // first refresh.
   void SetDevices(absl::Span<const DeviceDescription> devices);
+
+  // Every Scrape() calls `refresh` and sets the per-device gauges from what
+  // it returns; states of devices SetDevices did not list are ignored.
+  // `refresh` runs on the scraping thread, one call at a time, and must not
+  // call into this object. Replacing it (nullptr: no refresh) waits for a
+  // call in progress, so that the owner of what it reads can clear it before
+  // destroying that.
+  void SetDeviceRefresh(std::function<std::vector<DeviceState>()> refresh);
 
   // A request was accepted / answered. `code` is the gRPC code it ended
   // with (absl and gRPC codes coincide); `seconds` its server time.
@@ -79,7 +109,8 @@ class Metrics final : public ShardObserver {
   void AddQueueDepth(int64_t delta) { queue_depth_->Increment(static_cast<double>(delta)); }
   void AddInflightBytes(int64_t delta) { inflight_bytes_->Increment(static_cast<double>(delta)); }
 
-  // ShardObserver: kernel duration, bytes and FLOPs of one shard.
+  // ShardObserver: kernel duration, bytes and FLOPs of one shard, and its
+  // transfers (a direction's duration is observed only when it is > 0).
   void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
                const ShardRun& run) override;
 
@@ -92,6 +123,23 @@ class Metrics final : public ShardObserver {
                                      absl::flat_hash_map<std::string, prometheus::Counter*>& cache,
                                      OpKind op, int device);
 
+  // A device's transfer series, by direction.
+  struct TransferSeries {
+    prometheus::Histogram* h2d_seconds;
+    prometheus::Histogram* d2h_seconds;
+    prometheus::Counter* h2d_bytes;
+    prometheus::Counter* d2h_bytes;
+  };
+  // A device's gauges that the refresh sets.
+  struct DeviceGauges {
+    prometheus::Gauge* memory_used;
+    prometheus::Gauge* memory_total;
+    prometheus::Gauge* inflight_shards;
+    prometheus::Gauge* healthy;
+  };
+  TransferSeries Transfers(int device);
+  void RefreshDevices() const;
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<HttpEndpoint> endpoint_;  // serves Scrape() over HTTP
   int port_ = 0;
@@ -101,7 +149,14 @@ class Metrics final : public ShardObserver {
   prometheus::Family<prometheus::Histogram>& kernel_duration_;
   prometheus::Family<prometheus::Counter>& kernel_bytes_;
   prometheus::Family<prometheus::Counter>& kernel_flops_;
+  prometheus::Family<prometheus::Histogram>& transfer_duration_;
+  prometheus::Family<prometheus::Counter>& transfer_bytes_;
   prometheus::Family<prometheus::Gauge>& device_info_;
+  prometheus::Family<prometheus::Gauge>& device_memory_used_;
+  prometheus::Family<prometheus::Gauge>& device_memory_total_;
+  prometheus::Family<prometheus::Gauge>& device_inflight_shards_;
+  prometheus::Family<prometheus::Gauge>& device_healthy_;
+  prometheus::Family<prometheus::Gauge>& device_peer_access_;
   prometheus::Counter* received_bytes_;
   prometheus::Counter* sent_bytes_;
   prometheus::Gauge* inflight_requests_;
@@ -109,12 +164,18 @@ class Metrics final : public ShardObserver {
   prometheus::Gauge* queue_depth_;
 
   // Series by label values, so that each is built once.
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, prometheus::Counter*> request_counters_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, prometheus::Histogram*> request_histograms_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, prometheus::Histogram*> kernel_histograms_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, prometheus::Counter*> kernel_bytes_series_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, prometheus::Counter*> kernel_flops_series_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, TransferSeries> transfer_series_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, DeviceGauges> device_gauges_ ABSL_GUARDED_BY(mu_);
+
+  // Held while `refresh_` runs (never together with mu_).
+  mutable absl::Mutex refresh_mu_;
+  std::function<std::vector<DeviceState>()> refresh_ ABSL_GUARDED_BY(refresh_mu_);
 };
 
 }  // namespace gpucompute

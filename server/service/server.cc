@@ -8,6 +8,7 @@
 #include <fstream>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "grpc/grpc.h"
@@ -49,6 +50,24 @@ absl::Status CheckOptions(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
+// What the per-device gauges show, read from the engine's devices.
+std::vector<DeviceState> DeviceStates(const Engine& engine) {
+  std::vector<DeviceState> states;
+  states.reserve(engine.num_devices());
+  for (int i = 0; i < engine.num_devices(); ++i) {
+    const Device& device = engine.device(i);
+    const DeviceMemory memory = device.MemoryUsage();
+    DeviceState state;
+    state.index = device.description().index;
+    state.memory_used_bytes = memory.used_bytes;
+    state.memory_total_bytes = memory.total_bytes;
+    state.inflight_shards = engine.InflightShards(i);
+    state.healthy = device.healthy();
+    states.push_back(state);
+  }
+  return states;
+}
+
 // "0.0.0.0:50051" -> "0.0.0.0"; "[::]:0" -> "[::]".
 std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -75,6 +94,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   server->metrics_->SetDevices(descriptions);
   server->engine_ =
       std::make_unique<Engine>(devices.backend, std::move(devices.devices), server->metrics_.get());
+  const Engine* engine = server->engine_.get();
+  server->metrics_->SetDeviceRefresh([engine] { return DeviceStates(*engine); });
   server->admission_ = std::make_unique<Admission>(opts.max_inflight_bytes);
   int threads = opts.worker_threads;
   if (threads == 0) {
@@ -92,7 +113,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   return server;
 }
 
-Server::~Server() { Shutdown(); }
+Server::~Server() {
+  Shutdown();
+  // Scrapes go on until the metrics go, after the engine the refresh reads.
+  if (metrics_ != nullptr) metrics_->SetDeviceRefresh(nullptr);
+}
 
 absl::Status Server::Start() {
   absl::Status status = StartServing();

@@ -80,7 +80,10 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
        {"gpucompute_requests_total", "gpucompute_request_duration_seconds",
         "gpucompute_kernel_duration_seconds", "gpucompute_received_bytes_total",
         "gpucompute_sent_bytes_total", "gpucompute_inflight_requests", "gpucompute_queue_depth",
-        "gpucompute_device_info"}) {
+        "gpucompute_device_info", "gpucompute_transfer_duration_seconds",
+        "gpucompute_transfer_bytes_total", "gpucompute_device_memory_used_bytes",
+        "gpucompute_device_memory_total_bytes", "gpucompute_device_inflight_shards",
+        "gpucompute_device_healthy", "gpucompute_device_peer_access"}) {
     EXPECT_TRUE(absl::StrContains(m, absl::StrCat("# TYPE ", family, " ")))
         << "no metric family " << family;
   }
@@ -110,6 +113,54 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
   auto info = client->GetServerInfo();
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(Sum(m, "gpucompute_device_info"), info->devices_size());
+
+  // Per-device gauges, refreshed by the scrape, for every device the server
+  // lists; the topology as one series per peer pair.
+  int peer_pairs = 0;
+  for (const auto& device : info->devices()) {
+    SCOPED_TRACE(absl::StrCat("device ", device.index(), " (", device.kind(), ")"));
+    const std::string label = absl::StrCat("device=\"", device.index(), "\"");
+    auto has = [&](const std::string& series) {
+      return absl::StrContains(m, absl::StrCat(series, "{", label, "}"));
+    };
+    ASSERT_TRUE(has("gpucompute_device_memory_used_bytes"));
+    ASSERT_TRUE(has("gpucompute_device_memory_total_bytes"));
+    ASSERT_TRUE(has("gpucompute_device_inflight_shards"));
+    ASSERT_TRUE(has("gpucompute_device_healthy"));
+    const double used = Sum(m, "gpucompute_device_memory_used_bytes", {label});
+    const double total = Sum(m, "gpucompute_device_memory_total_bytes", {label});
+    if (device.kind() == "cpu") {
+      EXPECT_EQ(used, 0);
+      EXPECT_EQ(total, device.memory_bytes());
+    } else {
+      EXPECT_GT(used, 0);
+      EXPECT_LE(used, total);
+    }
+    EXPECT_GT(total, 0);
+    EXPECT_EQ(Sum(m, "gpucompute_device_inflight_shards", {label}), 0);
+    EXPECT_EQ(Sum(m, "gpucompute_device_healthy", {label}), 1);
+    for (const char* direction : {"host_to_device", "device_to_host"}) {
+      EXPECT_TRUE(absl::StrContains(m, absl::StrCat("gpucompute_transfer_bytes_total{", label,
+                                                    ",direction=\"", direction, "\"}")))
+          << direction;
+    }
+    for (int peer : device.peers()) {
+      EXPECT_EQ(
+          Sum(m, "gpucompute_device_peer_access", {label, absl::StrCat("peer=\"", peer, "\"")}), 1)
+          << "peer " << peer;
+    }
+    peer_pairs += device.peers_size();
+  }
+  EXPECT_EQ(Sum(m, "gpucompute_device_peer_access"), peer_pairs);
+  // Copies happen on GPUs only.
+  if (info->devices(0).kind() == "cuda") {
+    EXPECT_GT(Sum(m, "gpucompute_transfer_bytes_total", {"direction=\"host_to_device\""}), 0);
+    EXPECT_GT(Sum(m, "gpucompute_transfer_bytes_total", {"direction=\"device_to_host\""}), 0);
+    EXPECT_GT(Sum(m, "gpucompute_transfer_duration_seconds_count"), 0);
+  } else {
+    EXPECT_EQ(Sum(m, "gpucompute_transfer_bytes_total"), 0);
+    EXPECT_EQ(Sum(m, "gpucompute_transfer_duration_seconds_count"), 0);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -394,6 +395,49 @@ TEST(EngineHealth, AFailedShardFailsTheOperation) {
   // The other operations still run on both.
   testing::GemvCase v = testing::MakeGemv(DType::kFloat32, 100, 7, 1);
   ASSERT_TRUE(engine.Gemv(v.spec).ok());
+  // Failed shards leave nothing counted in flight.
+  EXPECT_EQ(engine.InflightShards(0), 0);
+  EXPECT_EQ(engine.InflightShards(1), 0);
+}
+
+// A CPU device whose GEMMs wait until `open` is set.
+class GatedDevice : public FlakyDevice {
+ public:
+  GatedDevice(std::unique_ptr<Device> inner, std::atomic<int>& entered, std::atomic<bool>& open)
+      : FlakyDevice(std::move(inner), true, false), entered_(entered), open_(open) {}
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* out) override {
+    ++entered_;
+    while (!open_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return FlakyDevice::Gemm(spec, rows, out);
+  }
+
+ private:
+  std::atomic<int>& entered_;
+  std::atomic<bool>& open_;
+};
+
+TEST(EngineInflight, ShardsCountWhileTheyRunAndNotAfter) {
+  std::atomic<int> entered{0};
+  std::atomic<bool> open{false};
+  std::vector<std::unique_ptr<Device>> devices;
+  for (std::unique_ptr<Device>& cpu : CreateCpuDevices(3, {})) {
+    devices.push_back(std::make_unique<GatedDevice>(std::move(cpu), entered, open));
+  }
+  Engine engine("cpu", std::move(devices));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(engine.InflightShards(i), 0);
+
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 100, 7, 7);
+  g.spec.options.devices = {0, 2};
+  absl::StatusOr<OpResult> r;
+  std::thread caller([&] { r = engine.Gemm(g.spec); });
+  while (entered.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(engine.InflightShards(0), 1);
+  EXPECT_EQ(engine.InflightShards(1), 0);
+  EXPECT_EQ(engine.InflightShards(2), 1);
+  open = true;
+  caller.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(engine.InflightShards(i), 0) << "device " << i;
 }
 
 TEST_F(EngineTest, ConcurrentOperationsShareTheDevices) {
@@ -422,6 +466,9 @@ TEST_F(EngineTest, ConcurrentOperationsShareTheDevices) {
   }
   for (std::thread& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
+  for (int i = 0; i < four_.num_devices(); ++i) {
+    EXPECT_EQ(four_.InflightShards(i), 0) << "device " << i;
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -52,10 +53,36 @@ DeviceDescription Cpu(int index) {
   return d;
 }
 
+// Two GPUs that reach each other's memory.
+std::vector<DeviceDescription> GpuPair() {
+  std::vector<DeviceDescription> devices(2);
+  for (int i = 0; i < 2; ++i) {
+    devices[i].index = i;
+    devices[i].kind = "cuda";
+    devices[i].name = absl::StrCat("H200 (cuda:", i, ")");
+    devices[i].memory_bytes = int64_t{150} << 30;
+    devices[i].peers = {1 - i};
+  }
+  return devices;
+}
+
+// A shard that copied both ways.
+ShardRun CopyingShard() {
+  ShardRun run;
+  run.variant = "v1";
+  run.kernel_seconds = 0.001;
+  run.h2d_seconds = 0.002;
+  run.d2h_seconds = 0.0005;
+  run.transfer_seconds = run.h2d_seconds + run.d2h_seconds;
+  run.h2d_bytes = 3e6;
+  run.d2h_bytes = 1e6;
+  return run;
+}
+
 TEST(MetricsTest, EveryFamilyExistsWithConventionalNames) {
   Metrics metrics;
   metrics.AddMethod("Gemm");
-  std::vector<DeviceDescription> devices = {Cpu(0), Cpu(1)};
+  std::vector<DeviceDescription> devices = GpuPair();
   metrics.SetDevices(devices);
   // Kernel durations are exported from the first shard on (their label sets
   // are not known before).
@@ -75,6 +102,13 @@ TEST(MetricsTest, EveryFamilyExistsWithConventionalNames) {
       {"gpucompute_inflight_bytes", "gauge"},
       {"gpucompute_queue_depth", "gauge"},
       {"gpucompute_device_info", "gauge"},
+      {"gpucompute_transfer_duration_seconds", "histogram"},
+      {"gpucompute_transfer_bytes_total", "counter"},
+      {"gpucompute_device_memory_used_bytes", "gauge"},
+      {"gpucompute_device_memory_total_bytes", "gauge"},
+      {"gpucompute_device_inflight_shards", "gauge"},
+      {"gpucompute_device_healthy", "gauge"},
+      {"gpucompute_device_peer_access", "gauge"},
   };
   for (const auto& [name, type] : want) {
     auto it = types.find(name);
@@ -154,6 +188,95 @@ TEST(MetricsTest, ShardsMoveKernelSeriesAndDevicesAreListed) {
       2);
 }
 
+TEST(MetricsTest, ShardsMoveTransferSeries) {
+  Metrics metrics;
+  std::vector<DeviceDescription> devices = GpuPair();
+  metrics.SetDevices(devices);
+  const std::string h2d = R"(device="1",direction="host_to_device")";
+  const std::string d2h = R"(device="1",direction="device_to_host")";
+  std::string text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_bytes_total{" + h2d + "}"), 0);
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_duration_seconds_count{" + d2h + "}"), 0);
+
+  metrics.OnShard(OpKind::kGemm, DType::kFloat16, devices[1], CopyingShard());
+  metrics.OnShard(OpKind::kGemv, DType::kFloat32, devices[1], CopyingShard());
+  // A shard that copied nothing back is not observed device to host.
+  ShardRun upload_only = CopyingShard();
+  upload_only.d2h_seconds = 0;
+  upload_only.d2h_bytes = 0;
+  metrics.OnShard(OpKind::kGemm, DType::kFloat16, devices[1], upload_only);
+  // Nor is a CPU-style shard that copied nothing at all.
+  ShardRun cpu;
+  cpu.variant = "cpu";
+  metrics.OnShard(OpKind::kReduce, DType::kFloat32, devices[1], cpu);
+
+  text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_bytes_total{" + h2d + "}"), 9e6);
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_bytes_total{" + d2h + "}"), 2e6);
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_duration_seconds_count{" + h2d + "}"), 3);
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_duration_seconds_count{" + d2h + "}"), 2);
+  EXPECT_NEAR(Sample(text, "gpucompute_transfer_duration_seconds_sum{" + h2d + "}"), 0.006, 1e-12);
+  EXPECT_NEAR(Sample(text, "gpucompute_transfer_duration_seconds_sum{" + d2h + "}"), 0.001, 1e-12);
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_duration_seconds_bucket{" + d2h + R"(,le="0.0005"})"),
+            2);
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_duration_seconds_bucket{" + h2d + R"(,le="0.001"})"),
+            0);
+  EXPECT_EQ(Sample(text, "gpucompute_transfer_duration_seconds_bucket{" + h2d + R"(,le="+Inf"})"),
+            3);
+  // The other device saw nothing.
+  EXPECT_EQ(
+      Sample(text, R"(gpucompute_transfer_bytes_total{device="0",direction="host_to_device"})"), 0);
+}
+
+TEST(MetricsTest, RefreshDrivesDeviceGaugesAndPeersAreListed) {
+  Metrics metrics;
+  std::vector<DeviceDescription> devices = GpuPair();
+  metrics.SetDevices(devices);
+  // Before any refresh: the total from the description, nothing in use.
+  std::string text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_total_bytes{device="1"})"),
+            double(int64_t{150} << 30));
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_used_bytes{device="1"})"), 0);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_inflight_shards{device="0"})"), 0);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_healthy{device="0"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_peer_access{device="0",peer="1"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_peer_access{device="1",peer="0"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_peer_access{device="0",peer="0"})"), -1);
+
+  int calls = 0;
+  metrics.SetDeviceRefresh([&calls] {
+    ++calls;
+    std::vector<DeviceState> states(3);
+    for (int i = 0; i < 3; ++i) {
+      states[i].index = i;  // device 2 was never listed: ignored
+      states[i].memory_used_bytes = (i + 1) * 1000 + calls;
+      states[i].memory_total_bytes = 1 << 20;
+      states[i].inflight_shards = i + calls;
+      states[i].healthy = i != 1;
+    }
+    return states;
+  });
+  text = metrics.Scrape();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_used_bytes{device="0"})"), 1001);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_used_bytes{device="1"})"), 2001);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_total_bytes{device="1"})"), 1 << 20);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_inflight_shards{device="1"})"), 2);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_healthy{device="0"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_healthy{device="1"})"), 0);
+  EXPECT_FALSE(absl::StrContains(text, R"(device="2")")) << text;
+  // Every scrape refreshes.
+  text = metrics.Scrape();
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_inflight_shards{device="0"})"), 2);
+
+  // Without a refresh the gauges keep their last values.
+  metrics.SetDeviceRefresh(nullptr);
+  text = metrics.Scrape();
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_used_bytes{device="0"})"), 1002);
+}
+
 // GET /metrics over a plain socket.
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -177,14 +300,24 @@ std::string HttpGet(int port, const std::string& path) {
 TEST(MetricsTest, ServesHttpThatPromtoolAccepts) {
   Metrics metrics;
   metrics.AddMethod("Echo");
-  std::vector<DeviceDescription> devices = {Cpu(0)};
+  std::vector<DeviceDescription> devices = GpuPair();
+  devices.push_back(Cpu(2));
   metrics.SetDevices(devices);
+  metrics.SetDeviceRefresh([] {
+    DeviceState state;
+    state.index = 0;
+    state.memory_used_bytes = int64_t{3} << 30;
+    state.memory_total_bytes = int64_t{150} << 30;
+    state.inflight_shards = 1;
+    return std::vector<DeviceState>{state};
+  });
   metrics.RequestStarted();
   metrics.RequestFinished("Echo", absl::StatusCode::kOk, 0.001);
   ShardRun run;
   run.variant = "cpu";
   run.kernel_seconds = 1e-4;
-  metrics.OnShard(OpKind::kReduce, DType::kFloat32, devices[0], run);
+  metrics.OnShard(OpKind::kReduce, DType::kFloat32, devices[2], run);
+  metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[0], CopyingShard());
 
   ASSERT_TRUE(metrics.Serve("127.0.0.1:0").ok());
   ASSERT_GT(metrics.port(), 0);
@@ -195,6 +328,13 @@ TEST(MetricsTest, ServesHttpThatPromtoolAccepts) {
   ASSERT_NE(body, std::string::npos);
   const std::string text = response.substr(body + 4);
   EXPECT_EQ(Sample(text, R"(gpucompute_requests_total{code="OK",method="Echo"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_used_bytes{device="0"})"),
+            double(int64_t{3} << 30));
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_inflight_shards{device="0"})"), 1);
+  EXPECT_EQ(
+      Sample(text, R"(gpucompute_transfer_bytes_total{device="0",direction="device_to_host"})"),
+      1e6);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_peer_access{device="1",peer="0"})"), 1);
 
   if (access("/usr/bin/promtool", X_OK) != 0) {
     GTEST_SKIP() << "promtool not installed (Debian package prometheus); lint skipped";

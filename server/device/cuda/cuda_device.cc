@@ -122,20 +122,25 @@ struct CudaDevice::ShardScope {
     return p;
   }
 
-  // Upload with transfer time accounted.
+  // Upload with its time and bytes accounted as host to device.
   absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t pitch) {
     auto t = std::chrono::steady_clock::now();
     absl::Status s = lane->Upload(dst, src, rows, row_bytes, pitch);
-    transfer_seconds += Seconds(t);
-    bytes_moved += double(rows * row_bytes);
+    h2d_seconds += Seconds(t);
+    h2d_bytes += double(rows * row_bytes);
     return s.ok() ? s : device->Check(cudaGetLastError(), s.message());
   }
 
+  // Download with its time and bytes accounted as device to host. The work
+  // queued before it (the kernels) finishes first, so that the time is the
+  // copy's alone rather than the kernels' too; the download waited for that
+  // work anyway.
   absl::Status Download(void* dst, size_t pitch, const void* src, size_t rows, size_t row_bytes) {
+    RETURN_IF_ERROR(device->Check(cudaStreamSynchronize(lane->stream()), "work before a download"));
     auto t = std::chrono::steady_clock::now();
     absl::Status s = lane->Download(dst, pitch, src, rows, row_bytes);
-    transfer_seconds += Seconds(t);
-    bytes_moved += double(rows * row_bytes);
+    d2h_seconds += Seconds(t);
+    d2h_bytes += double(rows * row_bytes);
     if (!s.ok()) {
       cudaError_t err = cudaStreamQuery(lane->stream());
       return err == cudaSuccess || err == cudaErrorNotReady ? s : device->Check(err, s.message());
@@ -169,7 +174,11 @@ struct CudaDevice::ShardScope {
     ShardRun r;
     r.variant = variant.empty() ? "default" : std::move(variant);
     r.kernel_seconds = kernel_seconds;
-    r.transfer_seconds = transfer_seconds;
+    r.transfer_seconds = h2d_seconds + d2h_seconds;
+    r.h2d_seconds = h2d_seconds;
+    r.d2h_seconds = d2h_seconds;
+    r.h2d_bytes = h2d_bytes;
+    r.d2h_bytes = d2h_bytes;
     r.bytes = bytes;
     r.flops = flops;
     return r;
@@ -183,8 +192,10 @@ struct CudaDevice::ShardScope {
   cudaEvent_t kernel_begin = nullptr;
   cudaEvent_t kernel_end = nullptr;
   double kernel_seconds = 0;
-  double transfer_seconds = 0;
-  double bytes_moved = 0;
+  double h2d_seconds = 0;
+  double d2h_seconds = 0;
+  double h2d_bytes = 0;
+  double d2h_bytes = 0;
 };
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal, int index,
@@ -244,16 +255,25 @@ absl::Status CudaDevice::Check(cudaError_t err, absl::string_view what) {
   return CudaStatus(err, absl::StrCat(description_.name, ": ", what));
 }
 
-CudaDeviceStats CudaDevice::Stats() const {
-  CudaDeviceStats s;
+DeviceMemory CudaDevice::MemoryUsage() const {
+  DeviceMemory memory;
   DeviceGuard guard(ordinal_);
   size_t free_b = 0, total_b = 0;
   if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-    s.memory_total_bytes = int64_t(total_b);
-    s.memory_used_bytes = int64_t(total_b - free_b);
+    memory.total_bytes = int64_t(total_b);
+    memory.used_bytes = int64_t(total_b - free_b);
   } else {
     cudaGetLastError();
+    memory.total_bytes = description_.memory_bytes;
   }
+  return memory;
+}
+
+CudaDeviceStats CudaDevice::Stats() const {
+  CudaDeviceStats s;
+  const DeviceMemory memory = MemoryUsage();
+  s.memory_used_bytes = memory.used_bytes;
+  s.memory_total_bytes = memory.total_bytes;
   s.inflight_shards = inflight_.load();
   return s;
 }

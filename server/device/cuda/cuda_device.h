@@ -50,6 +50,10 @@ class CudaDevice : public Device {
 
   const DeviceDescription& description() const override { return description_; }
   bool healthy() const override { return healthy_.load(); }
+  // From cudaMemGetInfo: memory in use on the whole GPU (by every process,
+  // our pool's cached blocks included). Should the query fail, the total is
+  // description().memory_bytes and nothing reads as in use.
+  DeviceMemory MemoryUsage() const override;
   std::vector<std::string> Variants(OpKind op) const override;
 
   absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) override;
