@@ -172,6 +172,7 @@ absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output,
                    AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
+  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
   ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kGemm, spec.dtype, plan, selected,
                                             [&](Device& device, const Shard& shard) {
@@ -187,6 +188,7 @@ absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output,
                    AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
+  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
   ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kGemv, spec.dtype, plan, selected,
                                             [&](Device& device, const Shard& shard) {
@@ -202,6 +204,7 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
   result.backend = backend_;
   const DType out_dtype = spec.options.output_dtype;
   ASSIGN_OR_RETURN(result.output, AllocateOutput(out_dtype, spec.out_shape, "output"));
+  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
   const Range whole_axis{0, spec.axis_len};
   if (plan.axis == "outer") {
@@ -252,6 +255,7 @@ absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec) {
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output,
                    AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
+  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
   ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kTranspose, spec.input.dtype, plan, selected,
                                             [&](Device& device, const Shard& shard) {
@@ -274,6 +278,7 @@ absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
         result.lse, AllocateOutput(DType::kFloat32, {spec.batch, spec.heads_q, spec.seq_q}, "lse"));
     lse = reinterpret_cast<float*>(result.lse->mutable_data());
   }
+  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
   const bool by_heads = plan.axis == "heads";
   const Range all_heads{0, spec.batch * spec.heads_q}, all_rows{0, spec.seq_q};

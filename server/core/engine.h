@@ -52,9 +52,10 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Runs one operation. Errors: INVALID_ARGUMENT for an unknown variant or
-  // device index (naming options.variant / options.devices), UNAVAILABLE when
-  // no healthy device is left, or the first shard's error.
+  // Runs one operation. An empty output is returned at once, with no shards.
+  // Errors: INVALID_ARGUMENT for an unknown variant or device index (naming
+  // options.variant / options.devices), UNAVAILABLE when no healthy device is
+  // left, or the first shard's error.
   absl::StatusOr<OpResult> Gemm(const GemmSpec& spec);
   absl::StatusOr<OpResult> Gemv(const GemvSpec& spec);
   absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec);

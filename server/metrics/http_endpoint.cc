@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -130,8 +131,12 @@ void HttpEndpoint::Loop() {
 void HttpEndpoint::Answer(int fd) {
   std::string request;
   char buf[2048];
+  // One deadline for the whole request, so that a client trickling bytes
+  // cannot hold the (only) serving thread.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kIoTimeoutSeconds);
   while (request.find("\r\n\r\n") == std::string::npos &&
          request.find("\n\n") == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) return;
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;

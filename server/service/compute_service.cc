@@ -18,6 +18,9 @@
 namespace gpucompute {
 namespace {
 
+// Longest BatchRequest.id accepted (it is echoed in the answer).
+constexpr size_t kMaxBatchIdBytes = 1024;
+
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
 // A call the client cancelled, or whose deadline passed, ends for the client
@@ -383,12 +386,27 @@ class ComputeService::BatchReactor final
   }
 
   void RunItem(const v1::BatchRequest& item, const Call& call) {
+    // Once the answer is published below, another thread may write it,
+    // finish the stream and delete this reactor: after that point only
+    // locals are touched (and `this` only by the thread handed a write or
+    // the finish).
+    ComputeService* const service = service_;
     auto response = std::make_unique<v1::BatchResponse>();
     Admission::Ticket ticket;
-    response->set_id(item.id());
     absl::Status status;
     absl::string_view method;
-    switch (item.op_case()) {
+    if (item.id().size() > kMaxBatchIdBytes) {
+      // An unbounded id would be echoed into a response that may no longer
+      // fit a message, failing the whole stream.
+      response->set_id(item.id().substr(0, kMaxBatchIdBytes));
+      method = "Batch/BadId";
+      service_->LeaveQueue();
+      status = absl::InvalidArgumentError(absl::StrCat("id: ", item.id().size(),
+                                                       " bytes; at most ", kMaxBatchIdBytes));
+    } else {
+      response->set_id(item.id());
+    }
+    switch (status.ok() ? item.op_case() : v1::BatchRequest::OP_NOT_SET) {
       case v1::BatchRequest::kGemm:
         method = "Batch/Gemm";
         status = service_->Execute(item.gemm(), response->mutable_gemm(), call, &ticket);
@@ -410,6 +428,7 @@ class ComputeService::BatchReactor final
         status = service_->Execute(item.attention(), response->mutable_attention(), call, &ticket);
         break;
       case v1::BatchRequest::OP_NOT_SET:
+        if (!status.ok()) break;  // the id was refused above
         method = "Batch/Unset";
         service_->LeaveQueue();
         status = absl::InvalidArgumentError(
@@ -422,8 +441,8 @@ class ComputeService::BatchReactor final
       response->set_code(static_cast<int32_t>(grpc_status.error_code()));
       response->set_message(grpc_status.error_message());
     }
-    service_->metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
-    service_->metrics_->ItemFinished(method, status.code(), SecondsSince(call.accepted));
+    service->metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
+    service->metrics_->ItemFinished(method, status.code(), SecondsSince(call.accepted));
     bool dropped = false;
     const Actions actions = Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Actions a;
@@ -439,10 +458,10 @@ class ComputeService::BatchReactor final
       }
       return a;
     });
-    if (dropped) service_->ReleaseTicket(ticket);
+    if (dropped) service->ReleaseTicket(ticket);
     // Counted as running until here, so a drain waits for the answer to be
     // queued; the write itself is awaited by grpc::Server::Shutdown.
-    service_->EndOp();
+    service->EndOp();
     Act(actions);
   }
 

@@ -127,6 +127,13 @@ v1::DType ToProtoDType(DType dtype) {
 absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field) {
   TensorView view;
   ASSIGN_OR_RETURN(view.dtype, ParseDType(tensor.dtype(), absl::StrCat(field, ".dtype")));
+  // No operation takes more than 4 axes; a longer shape is refused before it
+  // is copied or echoed into a message.
+  if (tensor.shape_size() > kMaxTensorRank) {
+    return Invalid(absl::StrCat(field, ".shape"),
+                   absl::StrCat("rank ", tensor.shape_size(), " exceeds the largest supported, ",
+                                kMaxTensorRank));
+  }
   view.shape.assign(tensor.shape().begin(), tensor.shape().end());
   for (size_t i = 0; i < view.shape.size(); ++i) {
     if (view.shape[i] < 0) {

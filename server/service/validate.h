@@ -43,6 +43,9 @@ v1::DType ToProtoDType(DType dtype);
 // names it in errors ("a", "x", "input", ...). The view borrows `tensor`.
 absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field);
 
+// Longest shape ParseTensor accepts (operations use at most 4 axes).
+inline constexpr int kMaxTensorRank = 8;
+
 // Validates options against the input dtype: output_dtype unspecified ->
 // `input_dtype`; negative or repeated device indices are rejected (unknown
 // indices and variants are the engine's to reject, as it knows them).

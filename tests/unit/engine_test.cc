@@ -300,6 +300,25 @@ TEST_F(EngineTest, EmptyOutputsRunNoShard) {
   r = four_.Transpose(t.spec);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->output.num_elements(), 0);
+
+  // A batch of zero matrices with rows to split: no shard may run (a shard
+  // would divide by the empty batch).
+  testing::GemmCase batch0 = testing::MakeGemm(DType::kFloat32, 2, 9, 5, 3);
+  batch0.spec.batch = 0;  // as validation builds it for A [0, 9, 3]
+  batch0.spec.out_shape = {0, 9, 5};
+  r = four_.Gemm(batch0.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->shards.empty());
+  EXPECT_EQ(r->output.num_elements(), 0);
+
+  // No heads but an enormous query length: answered at once, no row loop.
+  testing::AttentionCase no_heads = testing::MakeAttention(DType::kFloat16, 0, 1, 1, 3, 1, 64, true);
+  no_heads.spec.seq_q = int64_t{1} << 50;
+  no_heads.spec.out_shape = {0, 1, int64_t{1} << 50, 64};
+  r = four_.Attention(no_heads.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->shards.empty());
+  EXPECT_EQ(r->output.num_elements(), 0);
 }
 
 // A CPU device that can be marked unhealthy or made to fail every GEMM.

@@ -446,6 +446,30 @@ TEST_F(ServerTest, BatchAnswersEveryItemWithItsOwnStatus) {
   EXPECT_EQ(seen.size(), static_cast<size_t>(kItems));
 }
 
+TEST_F(ServerTest, BatchRefusesAnOverlongIdAndGoesOn) {
+  StartServer(ServerOptions());
+  auto context = Context();
+  auto stream = stub_->Batch(context.get());
+  v1::BatchRequest bad;
+  bad.set_id(std::string(5000, 'x'));
+  *bad.mutable_reduce()->mutable_input() = RandomTensor({3}, rng_);
+  bad.mutable_reduce()->set_op(v1::SUM);
+  v1::BatchRequest good = bad;
+  good.set_id("good");
+  ASSERT_TRUE(stream->Write(bad));
+  ASSERT_TRUE(stream->Write(good));
+  stream->WritesDone();
+  std::map<std::string, v1::BatchResponse> answers;
+  v1::BatchResponse response;
+  while (stream->Read(&response)) answers[response.id()] = response;
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(answers.size(), 2u);
+  const v1::BatchResponse& refused = answers.at(std::string(1024, 'x'));
+  EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "id:")) << refused.message();
+  EXPECT_EQ(answers.at("good").code(), 0) << answers.at("good").message();
+}
+
 TEST_F(ServerTest, ExpiredDeadline) {
   StartServer(ServerOptions());
   v1::GemmRequest request;

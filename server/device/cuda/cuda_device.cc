@@ -73,6 +73,18 @@ std::string ConvertHost(DType from, const void* src, DType to, int64_t n) {
   return out;
 }
 
+// out[0, n) = beta * src[offset, offset + n) in `out_t`, or zeros when there
+// is no source or beta is 0 (the result of a product over an empty K).
+void ScaleRowsOnHost(const TensorView* src, DType src_t, int64_t offset, double beta, DType out_t,
+                     void* out, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n), 0.f);
+  if (src != nullptr && beta != 0) {
+    ToFloat(src_t, Ptr(src->data, offset * int64_t(DTypeSize(src_t))), v.data(), n);
+    for (float& x : v) x = float(beta * x);
+  }
+  FromFloat(out_t, v.data(), out, n);
+}
+
 }  // namespace
 
 // A lane held for one shard; returned when the lease ends.
@@ -128,7 +140,12 @@ struct CudaDevice::ShardScope {
     absl::Status s = lane->Upload(dst, src, rows, row_bytes, pitch);
     h2d_seconds += Seconds(t);
     h2d_bytes += double(rows * row_bytes);
-    return s.ok() ? s : device->Check(cudaGetLastError(), s.message());
+    if (!s.ok()) {
+      // Marks the device unhealthy when the error is sticky; the upload's
+      // own error is what the caller sees either way.
+      (void)device->Check(cudaGetLastError(), s.message());
+    }
+    return s;
   }
 
   // Download with its time and bytes accounted as device to host. The work
@@ -296,7 +313,17 @@ std::vector<std::string> CudaDevice::Variants(OpKind op) const {
 
 absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c_out) {
   const int64_t mr = rows.size();
-  if (mr <= 0 || s.n == 0) return ShardRun{};
+  if (mr <= 0 || s.n == 0 || s.batch == 0) return ShardRun{};
+  if (s.k == 0) {  // an empty product: C = beta * C (the kernels need K >= 1)
+    for (int64_t i = 0; i < s.batch; ++i) {
+      const int64_t c_batch = s.c_batched ? i : 0;
+      ScaleRowsOnHost(s.c ? &*s.c : nullptr, s.dtype, (c_batch * s.m + rows.begin) * s.n, s.beta,
+                      s.options.output_dtype, Ptr(c_out, (i * s.m + rows.begin) * s.n *
+                                                             int64_t(DTypeSize(s.options.output_dtype))),
+                      mr * s.n);
+    }
+    return ShardRun{};
+  }
   ShardScope scope(this);
   const size_t es = DTypeSize(s.dtype);
   const DType out_t = s.options.output_dtype;
@@ -390,6 +417,12 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
 absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y_out) {
   const int64_t mr = rows.size();
   if (mr <= 0) return ShardRun{};
+  if (s.k == 0) {  // an empty product: y = beta * y (the kernels need K >= 1)
+    const DType out_t = s.options.output_dtype;
+    ScaleRowsOnHost(s.y ? &*s.y : nullptr, s.dtype, rows.begin * s.ncols, s.beta, out_t,
+                    Ptr(y_out, rows.begin * s.ncols * int64_t(DTypeSize(out_t))), mr * s.ncols);
+    return ShardRun{};
+  }
   ShardScope scope(this);
   const size_t es = DTypeSize(s.dtype);
   const DType out_t = s.options.output_dtype;
