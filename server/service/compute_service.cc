@@ -128,7 +128,10 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   }
   const double queue_seconds = SecondsSince(call.accepted);
   absl::StatusOr<OpResult> result = Run(*engine_, spec);
-  if (!result.ok()) return result.status();
+  if (!result.ok()) {
+    if (on_no_healthy_device_ && !engine_->AnyHealthy()) on_no_healthy_device_();
+    return result.status();
+  }
   FillResponse(*result, SecondsSince(call.accepted), queue_seconds, response);
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -42,6 +43,13 @@ class ComputeService final : public v1::Compute::CallbackService {
                  ServiceOptions options);
   ComputeService(const ComputeService&) = delete;
   ComputeService& operator=(const ComputeService&) = delete;
+
+  // Called (from a worker thread) when an operation fails and no healthy
+  // device is left, so that health can turn NOT_SERVING. REQUIRES: set
+  // before the server starts.
+  void SetNoHealthyDeviceCallback(std::function<void()> callback) {
+    on_no_healthy_device_ = std::move(callback);
+  }
 
   grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
                                  const v1::GemmRequest* request,
@@ -116,6 +124,7 @@ class ComputeService final : public v1::Compute::CallbackService {
   void EndOp();
 
   Engine* const engine_;
+  std::function<void()> on_no_healthy_device_;
   Admission* const admission_;
   WorkerPool* const pool_;
   Metrics* const metrics_;

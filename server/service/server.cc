@@ -145,6 +145,10 @@ absl::Status Server::StartServing() {
   // instead of silently sharing it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  // Health turns NOT_SERVING once no device is left (GPUs that failed for good).
+  service_->SetNoHealthyDeviceCallback([this] {
+    grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  });
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
