@@ -9,19 +9,10 @@
 
 #include "gpucompute/kernels/gemm.h"
 #include "kernels/bench/harness.h"
+#include "kernels/bench/vendor.h"
 
 namespace gpucompute::bench {
 namespace {
-
-#define GC_CUBLAS_CHECK(expr)                                                      \
-  do {                                                                             \
-    cublasStatus_t gc_st_ = (expr);                                                \
-    if (gc_st_ != CUBLAS_STATUS_SUCCESS) {                                         \
-      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, \
-                   int(gc_st_));                                                   \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
 
 struct Shape {
   int64_t m, n, k;

@@ -11,22 +11,13 @@
 
 #include "gpucompute/kernels/gemm.h"
 #include "kernels/bench/harness.h"
+#include "kernels/bench/vendor.h"
 
 namespace gpucompute::bench {
 namespace {
 
 using kernels::DType;
 using kernels::GemmArgs;
-
-#define GC_CUBLAS_CHECK(expr)                                                   \
-  do {                                                                          \
-    cublasStatus_t st_ = (expr);                                                \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                         \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #expr, \
-                   static_cast<int>(st_));                                      \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 cudaDataType CudaType(DType t) {
   return t == DType::kF32 ? CUDA_R_32F : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF);

@@ -22,26 +22,13 @@
 
 #include "gpucompute/kernels/gemv.h"
 #include "kernels/bench/harness.h"
+#include "kernels/bench/vendor.h"
 
 namespace gpucompute::bench {
 namespace {
 
 using kernels::DType;
 using kernels::GemvArgs;
-
-#define GC_CUBLAS_CHECK(expr)                                                     \
-  do {                                                                            \
-    cublasStatus_t gc_st_ = (expr);                                               \
-    if (gc_st_ != CUBLAS_STATUS_SUCCESS) {                                        \
-      std::fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #expr, \
-                   int(gc_st_));                                                  \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-
-cudaDataType_t CudaType(DType t) {
-  return t == DType::kF32 ? CUDA_R_32F : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF);
-}
 
 struct Vendor {
   std::string name;

@@ -11,15 +11,12 @@
 
 #include "gpucompute/kernels/transpose.h"
 #include "kernels/bench/harness.h"
+#include "kernels/bench/vendor.h"
 
 namespace gpucompute::bench {
 namespace {
 
 using kernels::DType;
-
-cudaDataType_t CudaType(DType t) {
-  return t == DType::kF32 ? CUDA_R_32F : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF);
-}
 
 // cuBLASLt transform of a row-major [b, r, c] to [b, c, r]: in column-major
 // terms A is c x r (ld c), C = A^T is r x c (ld r).
