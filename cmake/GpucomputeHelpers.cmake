@@ -29,3 +29,27 @@ function(gc_add_test name)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS "${ARG_LABELS}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
+
+# gc_add_proto_library(name ROOT dir PROTO file): the C++ messages and gRPC
+# stubs of one .proto (a path relative to ROOT, which is also the import root)
+# as a static library; its headers are included by that relative path, e.g.
+# "gpucompute/v1/compute.grpc.pb.h". REQUIRES: find_package(Protobuf) and
+# find_package(gRPC) in the calling directory.
+function(gc_add_proto_library name)
+  cmake_parse_arguments(ARG "" "ROOT;PROTO" "" ${ARGN})
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/${name}_gen)
+  string(REGEX REPLACE "\\.proto$" "" stem ${ARG_PROTO})
+  set(gen ${out}/${stem}.pb.cc ${out}/${stem}.pb.h ${out}/${stem}.grpc.pb.cc ${out}/${stem}.grpc.pb.h)
+  add_custom_command(
+    OUTPUT ${gen}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
+    COMMAND protobuf::protoc
+    ARGS --proto_path=${ARG_ROOT} --cpp_out=${out} --grpc_out=${out}
+         --plugin=protoc-gen-grpc=$<TARGET_FILE:gRPC::grpc_cpp_plugin> ${ARG_ROOT}/${ARG_PROTO}
+    DEPENDS ${ARG_ROOT}/${ARG_PROTO}
+    COMMENT "Generating C++ code from ${ARG_PROTO}")
+  add_library(${name} STATIC ${gen})
+  target_include_directories(${name} PUBLIC ${out})
+  target_link_libraries(${name} PUBLIC protobuf::libprotobuf gRPC::grpc++)
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
