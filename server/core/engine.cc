@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/common/status_macros.h"
+#include "server/core/cost.h"
 #include "server/core/reduce_combine.h"
 
 namespace gpucompute {
@@ -158,61 +159,82 @@ absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(
   return timings;
 }
 
-std::vector<double> Engine::Weights(const std::vector<int>& selected) const {
-  std::vector<double> weights;
-  weights.reserve(selected.size());
-  for (int index : selected) weights.push_back(devices_[index]->description().weight);
-  return weights;
+Placement Engine::Place(
+    OpKind op, DType dtype, const std::vector<int>& candidates,
+    const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
+    const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work) const {
+  std::vector<CostedDevice> costed;
+  costed.reserve(candidates.size());
+  for (int index : candidates) {
+    costed.push_back({devices_[index]->description().weight, devices_[index]->Cost(op, dtype)});
+  }
+  Placement placement = PlaceByCost(costed, plan_for, shard_work);
+  for (int& device : placement.devices) device = candidates[device];
+  return placement;
 }
 
 absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> selected, SelectDevices(OpKind::kGemm, spec.options));
-  const ShardPlan plan = PlanGemm(spec, Weights(selected));
+  ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(OpKind::kGemm, spec.options));
+  const Placement placement = Place(
+      OpKind::kGemm, spec.dtype, candidates,
+      [&](absl::Span<const double> weights) { return PlanGemm(spec, weights); },
+      [&](const ShardPlan&, const Shard& shard) { return GemmWork(spec, shard.range); });
   OpResult result;
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output,
                    AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
-  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kGemm, spec.dtype, plan, selected,
-                                            [&](Device& device, const Shard& shard) {
-                                              return device.Gemm(spec, shard.range, out);
-                                            }));
+  ASSIGN_OR_RETURN(result.shards,
+                   RunShards(OpKind::kGemm, spec.dtype, placement.plan, placement.devices,
+                             [&](Device& device, const Shard& shard) {
+                               return device.Gemm(spec, shard.range, out);
+                             }));
   return result;
 }
 
 absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> selected, SelectDevices(OpKind::kGemv, spec.options));
-  const ShardPlan plan = PlanGemv(spec, Weights(selected));
+  ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(OpKind::kGemv, spec.options));
+  const Placement placement = Place(
+      OpKind::kGemv, spec.dtype, candidates,
+      [&](absl::Span<const double> weights) { return PlanGemv(spec, weights); },
+      [&](const ShardPlan&, const Shard& shard) { return GemvWork(spec, shard.range); });
   OpResult result;
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output,
                    AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
-  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kGemv, spec.dtype, plan, selected,
-                                            [&](Device& device, const Shard& shard) {
-                                              return device.Gemv(spec, shard.range, out);
-                                            }));
+  ASSIGN_OR_RETURN(result.shards,
+                   RunShards(OpKind::kGemv, spec.dtype, placement.plan, placement.devices,
+                             [&](Device& device, const Shard& shard) {
+                               return device.Gemv(spec, shard.range, out);
+                             }));
   return result;
 }
 
 absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> selected, SelectDevices(OpKind::kReduce, spec.options));
-  const ShardPlan plan = PlanReduce(spec, Weights(selected));
+  ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(OpKind::kReduce, spec.options));
+  const Range whole_axis{0, spec.axis_len}, all_outer{0, spec.outer};
+  const Placement placement = Place(
+      OpKind::kReduce, spec.input.dtype, candidates,
+      [&](absl::Span<const double> weights) { return PlanReduce(spec, weights); },
+      [&](const ShardPlan& plan, const Shard& shard) {
+        return plan.axis == "outer" ? ReduceWork(spec, shard.range, whole_axis, false)
+                                    : ReduceWork(spec, all_outer, shard.range, true);
+      });
   OpResult result;
   result.backend = backend_;
   const DType out_dtype = spec.options.output_dtype;
   ASSIGN_OR_RETURN(result.output, AllocateOutput(out_dtype, spec.out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
-  const Range whole_axis{0, spec.axis_len};
-  if (plan.axis == "outer") {
-    ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kReduce, spec.input.dtype, plan, selected,
-                                              [&](Device& device, const Shard& shard) {
-                                                return device.Reduce(spec, shard.range, whole_axis,
-                                                                     false, out);
-                                              }));
+  if (placement.plan.axis == "outer") {
+    ASSIGN_OR_RETURN(result.shards,
+                     RunShards(OpKind::kReduce, spec.input.dtype, placement.plan, placement.devices,
+                               [&](Device& device, const Shard& shard) {
+                                 return device.Reduce(spec, shard.range, whole_axis, false, out);
+                               }));
     return result;
   }
 
@@ -227,9 +249,8 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
   } catch (const std::bad_alloc&) {
     return OutOfMemory("partial sums");
   }
-  const Range all_outer{0, spec.outer};
   ASSIGN_OR_RETURN(result.shards,
-                   RunShards(OpKind::kReduce, spec.input.dtype, plan, selected,
+                   RunShards(OpKind::kReduce, spec.input.dtype, placement.plan, placement.devices,
                              [&](Device& device, const Shard& shard) {
                                const int64_t first_chunk = shard.range.begin / kReduceChunk;
                                return device.ReduceChunks(spec, all_outer, shard.range,
@@ -248,27 +269,40 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
 }
 
 absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> selected,
+  ASSIGN_OR_RETURN(const std::vector<int> candidates,
                    SelectDevices(OpKind::kTranspose, spec.options));
-  const ShardPlan plan = PlanTranspose(spec, Weights(selected));
+  const Placement placement = Place(
+      OpKind::kTranspose, spec.input.dtype, candidates,
+      [&](absl::Span<const double> weights) { return PlanTranspose(spec, weights); },
+      [&](const ShardPlan& plan, const Shard& shard) {
+        return TransposeWork(spec, plan.prefix_axes, shard.range);
+      });
   OpResult result;
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output,
                    AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
-  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kTranspose, spec.input.dtype, plan, selected,
-                                            [&](Device& device, const Shard& shard) {
-                                              return device.Transpose(spec, plan.prefix_axes,
-                                                                      shard.range, out);
-                                            }));
+  ASSIGN_OR_RETURN(result.shards,
+                   RunShards(OpKind::kTranspose, spec.input.dtype, placement.plan,
+                             placement.devices, [&](Device& device, const Shard& shard) {
+                               return device.Transpose(spec, placement.plan.prefix_axes,
+                                                       shard.range, out);
+                             }));
   return result;
 }
 
 absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> selected,
+  ASSIGN_OR_RETURN(const std::vector<int> candidates,
                    SelectDevices(OpKind::kAttention, spec.options));
-  const ShardPlan plan = PlanAttention(spec, Weights(selected));
+  const Range all_heads{0, spec.batch * spec.heads_q}, all_rows{0, spec.seq_q};
+  const Placement placement = Place(
+      OpKind::kAttention, spec.dtype, candidates,
+      [&](absl::Span<const double> weights) { return PlanAttention(spec, weights); },
+      [&](const ShardPlan& plan, const Shard& shard) {
+        return plan.axis == "heads" ? AttentionWork(spec, shard.range, all_rows)
+                                    : AttentionWork(spec, all_heads, shard.range);
+      });
   OpResult result;
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output, AllocateOutput(spec.options.output_dtype, spec.out_shape, "o"));
@@ -280,14 +314,13 @@ absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
   }
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
-  const bool by_heads = plan.axis == "heads";
-  const Range all_heads{0, spec.batch * spec.heads_q}, all_rows{0, spec.seq_q};
-  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kAttention, spec.dtype, plan, selected,
-                                            [&](Device& device, const Shard& shard) {
-                                              return device.Attention(
-                                                  spec, by_heads ? shard.range : all_heads,
-                                                  by_heads ? all_rows : shard.range, out, lse);
-                                            }));
+  const bool by_heads = placement.plan.axis == "heads";
+  ASSIGN_OR_RETURN(result.shards,
+                   RunShards(OpKind::kAttention, spec.dtype, placement.plan, placement.devices,
+                             [&](Device& device, const Shard& shard) {
+                               return device.Attention(spec, by_heads ? shard.range : all_heads,
+                                                       by_heads ? all_rows : shard.range, out, lse);
+                             }));
   return result;
 }
 

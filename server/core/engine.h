@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/core/cost.h"
 #include "server/core/ops.h"
 #include "server/core/planner.h"
 #include "server/device/device.h"
@@ -52,7 +53,14 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Runs one operation. An empty output is returned at once, with no shards.
+  // Runs one operation. The candidate devices are options.devices (in that
+  // order), or every healthy device; the operation runs on the fewest of the
+  // heaviest candidates whose estimated time is within a few percent of the
+  // best (PlaceByCost in server/core/cost.h, from each device's Cost()), and
+  // their weights divide it among them. A device with a fixed cost per shard
+  // (a GPU) keeps a small operation to itself; devices without one (the CPU
+  // backend) split every operation over every candidate. An empty output is
+  // returned at once, with no shards.
   // Errors: INVALID_ARGUMENT for an unknown variant or device index (naming
   // options.variant / options.devices), UNAVAILABLE when no healthy device is
   // left, or the first shard's error.
@@ -74,11 +82,15 @@ class Engine {
   std::vector<std::string> Variants(OpKind op) const;
 
  private:
-  // Resolves options.devices (or every healthy device) into indices;
-  // validates options.variant against them.
+  // Resolves options.devices (or every healthy device) into the candidate
+  // indices; validates options.variant against them.
   absl::StatusOr<std::vector<int>> SelectDevices(OpKind op, const OpOptions& options) const;
-  // Compute weights of the `selected` devices, in order.
-  std::vector<double> Weights(const std::vector<int>& selected) const;
+  // Chooses the devices that run an operation among `candidates` by their
+  // weights and their costs for `op` on `dtype` (PlaceByCost) and plans it
+  // over them. The placement's devices are device indices, like candidates.
+  Placement Place(OpKind op, DType dtype, const std::vector<int>& candidates,
+                  const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
+                  const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work) const;
   // Runs every shard of `plan` on its device (shard.device indexes
   // `selected`) concurrently: the first on the calling thread, each other on a
   // thread of its own. Reports each to the observer; returns the timings in

@@ -94,8 +94,9 @@ struct AttentionSpec {
   OpOptions options;
 };
 
-// Bytes that must move and FLOPs that must be done for a whole operation
-// (inputs read once, outputs written once), for roofline metrics.
+// Bytes that must move and FLOPs that must be done for an operation or one
+// shard of it (inputs read once, outputs written once); server/core/cost.h
+// computes them.
 struct WorkCost {
   double bytes = 0;
   double flops = 0;

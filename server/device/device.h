@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/core/cost.h"
 #include "server/core/ops.h"
 #include "server/core/planner.h"
 
@@ -62,6 +63,12 @@ class Device {
   // description().memory_bytes as the total and nothing in use: the CPU
   // backend has no device memory of its own to account.
   virtual DeviceMemory MemoryUsage() const { return {0, description().memory_bytes}; }
+
+  // What one shard of `op` on `dtype` inputs costs this device, for the
+  // engine's choice of how many devices an operation uses (server/core/cost.h).
+  // The default has no fixed cost, so every operation is split over every
+  // candidate device, as the CPU backend does.
+  virtual DeviceCost Cost(OpKind op, DType dtype) const { return {}; }
 
   // Variant names this device accepts for `op`, fastest first.
   virtual std::vector<std::string> Variants(OpKind op) const = 0;

@@ -290,14 +290,16 @@ class ComputeService::BatchReactor final
     auto item = std::make_shared<v1::BatchRequest>();
     item->Swap(&request_);
     const Call call{context_, absl::Now(), absl::FromChrono(context_->deadline())};
-    service_->metrics_->AddReceivedBytes(static_cast<int64_t>(item->ByteSizeLong()));
+    const int64_t item_bytes = static_cast<int64_t>(item->ByteSizeLong());
+    service_->metrics_->AddReceivedBytes(item_bytes);
     bool run = false;
     Actions actions = Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Actions a;
       if (broken_) return a;  // nobody is listening; stop reading
       run = true;
       ++outstanding_;
-      if (outstanding_ < service_->options_.batch_window) {
+      outstanding_bytes_ += item_bytes;
+      if (WindowOpen()) {
         a.read = true;
       } else {
         read_paused_ = true;
@@ -307,7 +309,8 @@ class ComputeService::BatchReactor final
     if (run) {
       service_->BeginOp();
       service_->EnterQueue();
-      service_->pool_->Schedule([this, item, call] { RunItem(*item, call); });
+      service_->pool_->Schedule(
+          [this, item, call, item_bytes] { RunItem(*item, call, item_bytes); });
     }
     Act(actions);
   }
@@ -317,12 +320,16 @@ class ComputeService::BatchReactor final
     const Actions actions = Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Actions a;
       done.push_back(std::move(writes_.front().ticket));
+      outstanding_bytes_ -= writes_.front().request_bytes;
       writes_.pop_front();
       --outstanding_;
       if (!ok) {
         broken_ = true;
         outstanding_ -= static_cast<int>(writes_.size());
-        for (Pending& pending : writes_) done.push_back(std::move(pending.ticket));
+        for (Pending& pending : writes_) {
+          done.push_back(std::move(pending.ticket));
+          outstanding_bytes_ -= pending.request_bytes;
+        }
         writes_.clear();
       }
       if (!writes_.empty()) {
@@ -330,7 +337,7 @@ class ComputeService::BatchReactor final
       } else {
         writing_ = false;
       }
-      if (read_paused_ && !broken_ && outstanding_ < service_->options_.batch_window) {
+      if (read_paused_ && !broken_ && WindowOpen()) {
         read_paused_ = false;
         a.read = true;
       }
@@ -388,7 +395,13 @@ class ComputeService::BatchReactor final
     }
   }
 
-  void RunItem(const v1::BatchRequest& item, const Call& call) {
+  // True while another item may be read ahead of the answers.
+  bool WindowOpen() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return outstanding_ < service_->options_.batch_window &&
+           outstanding_bytes_ < service_->options_.batch_window_bytes;
+  }
+
+  void RunItem(const v1::BatchRequest& item, const Call& call, int64_t item_bytes) {
     // Once the answer is published below, another thread may write it,
     // finish the stream and delete this reactor: after that point only
     // locals are touched (and `this` only by the thread handed a write or
@@ -451,10 +464,11 @@ class ComputeService::BatchReactor final
       Actions a;
       if (broken_) {
         --outstanding_;
+        outstanding_bytes_ -= item_bytes;
         dropped = true;
         return a;
       }
-      writes_.push_back(Pending{std::move(response), std::move(ticket)});
+      writes_.push_back(Pending{std::move(response), std::move(ticket), item_bytes});
       if (!writing_) {
         writing_ = true;
         a.write = writes_.front().response.get();
@@ -477,11 +491,13 @@ class ComputeService::BatchReactor final
   absl::Mutex mu_;
   // Items read and not yet answered (running, or queued for writing).
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t outstanding_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // request bytes of those items
   // Answers waiting to be written; the front one is being written when
   // writing_.
   struct Pending {
     std::unique_ptr<v1::BatchResponse> response;
     Admission::Ticket ticket;  // its bytes stay in flight until written
+    int64_t request_bytes = 0;  // the item's share of the read-ahead window
   };
   std::deque<Pending> writes_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

@@ -33,6 +33,9 @@ struct ServiceOptions {
   // Items of one Batch stream read ahead of their answers; beyond this the
   // stream stops reading (flow control pushes back on the client).
   int batch_window = 64;
+  // Request bytes of one Batch stream read ahead of their answers; beyond
+  // this the stream stops reading too (at least one item is always read).
+  int64_t batch_window_bytes = int64_t{1} << 30;
 };
 
 class ComputeService final : public v1::Compute::CallbackService {

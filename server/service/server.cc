@@ -106,6 +106,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   ServiceOptions service;
   service.limits.max_output_bytes = opts.max_message_bytes - kResponseEnvelopeBytes;
   service.limits.head_dims = devices.head_dims;
+  // A stream's read-ahead holds request bytes before admission sees them:
+  // bound it by the admission limit too.
+  if (opts.max_inflight_bytes > 0) service.batch_window_bytes = opts.max_inflight_bytes;
   service.max_message_bytes = opts.max_message_bytes;
   server->service_ =
       std::make_unique<ComputeService>(server->engine_.get(), server->admission_.get(),

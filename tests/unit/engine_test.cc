@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "server/core/reference.h"
@@ -289,6 +290,15 @@ TEST_F(EngineTest, DeviceSubsetRunsOnlyThere) {
             "");
 }
 
+TEST_F(EngineTest, CpuDevicesSplitEvenTinyOperations) {
+  // No fixed cost per shard on the CPU: six rows still go 1:1:2:2.
+  EXPECT_EQ(four_.device(0).Cost(OpKind::kGemm, DType::kFloat32).fixed_seconds, 0);
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 6, 1, 1);
+  absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectWeightedShards(*r, 1, "rows");
+}
+
 TEST_F(EngineTest, EmptyOutputsRunNoShard) {
   testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 0, 5, 3);
   absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
@@ -417,6 +427,104 @@ TEST(EngineHealth, AFailedShardFailsTheOperation) {
   // Failed shards leave nothing counted in flight.
   EXPECT_EQ(engine.InflightShards(0), 0);
   EXPECT_EQ(engine.InflightShards(1), 0);
+}
+
+// A CPU device that reports the cost `cost`, as a GPU would.
+class PricedDevice : public FlakyDevice {
+ public:
+  PricedDevice(std::unique_ptr<Device> inner, DeviceCost cost)
+      : FlakyDevice(std::move(inner), true, false), cost_(cost) {}
+  DeviceCost Cost(OpKind op, DType dtype) const override { return cost_; }
+
+ private:
+  DeviceCost cost_;
+};
+
+// CPU devices of weights `weights` that cost `cost`.
+std::vector<std::unique_ptr<Device>> PricedDevices(std::vector<double> weights, DeviceCost cost) {
+  std::vector<std::unique_ptr<Device>> devices;
+  for (std::unique_ptr<Device>& cpu : CreateCpuDevices(int(weights.size()), weights)) {
+    devices.push_back(std::make_unique<PricedDevice>(std::move(cpu), cost));
+  }
+  return devices;
+}
+
+// What an H200 charges (server/device/cuda/cuda_device.cc): 150 us per shard.
+constexpr DeviceCost kGpuCost = {150e-6, 8e9, 4000e9, 700e12};
+// Bytes so slow that any work outweighs the fixed cost.
+constexpr DeviceCost kSlowBytesCost = {1e-6, 1e3, 0, 0};
+
+// The devices that ran `r`'s shards, in order.
+std::vector<int> ShardDevices(const OpResult& r) {
+  std::vector<int> devices;
+  for (const ShardTiming& s : r.shards) devices.push_back(s.device);
+  return devices;
+}
+
+TEST(EngineCost, SmallOperationsStayOnTheHeaviestDevice) {
+  Engine engine("cuda", PricedDevices({1, 1, 2, 2}, kGpuCost));
+  const std::vector<int> heaviest = {2};  // of the two heaviest, the first
+
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 2, 60, 33, 127, false, true, 1.0, 0.5);
+  absl::StatusOr<OpResult> r = engine.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ShardDevices(*r), heaviest);
+  EXPECT_EQ(r->shards[0].range, (Range{0, 60}));
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), g.Reference(), 1e-4, 1e-5), "");
+
+  testing::GemvCase v = testing::MakeGemv(DType::kBFloat16, 600, 127, 3);
+  r = engine.Gemv(v.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ShardDevices(*r), heaviest);
+
+  testing::ReduceCase red = testing::MakeReduce(DType::kFloat32, {60, 1000}, 1, ReduceKind::kSum);
+  r = engine.Reduce(red.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ShardDevices(*r), heaviest);
+
+  testing::TransposeCase t = testing::MakeTranspose(DType::kFloat16, {7, 600, 33}, {1, 2, 0});
+  r = engine.Transpose(t.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ShardDevices(*r), heaviest);
+  EXPECT_EQ(testing::Doubles(r->output), t.Reference());
+
+  testing::AttentionCase a = testing::MakeAttention(DType::kBFloat16, 2, 6, 3, 33, 40, 64, true);
+  r = engine.Attention(a.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ShardDevices(*r), heaviest);
+}
+
+TEST(EngineCost, LargeOperationsSplitByWeight) {
+  Engine engine("cuda", PricedDevices({1, 1, 2, 2}, kSlowBytesCost));
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 600, 33, 127);
+  absl::StatusOr<OpResult> r = engine.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(ShardDevices(*r), (std::vector<int>{0, 1, 2, 3}));
+  const int64_t sizes[] = {100, 100, 200, 200};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r->shards[i].range.size(), sizes[i]) << "shard " << i;
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), g.Reference(), 1e-4, 1e-5), "");
+}
+
+TEST(EngineCost, OptionsDevicesAreTheCandidates) {
+  Engine engine("cuda", PricedDevices({1, 1, 2, 2}, kGpuCost));
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 60, 7, 7);
+  for (const auto& [devices, chosen] : std::vector<std::pair<std::vector<int>, int>>{
+           {{0, 1}, 0}, {{1, 0}, 1}, {{0, 3}, 3}, {{1}, 1}}) {
+    g.spec.options.devices = devices;
+    absl::StatusOr<OpResult> r = engine.Gemm(g.spec);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(ShardDevices(*r), std::vector<int>{chosen}) << "options.devices[0] " << devices[0];
+  }
+
+  // Worth splitting: over the named devices only, in their order, by weight.
+  Engine slow("cuda", PricedDevices({1, 1, 2, 2}, kSlowBytesCost));
+  g = testing::MakeGemm(DType::kFloat32, 1, 300, 7, 7);
+  g.spec.options.devices = {3, 1};
+  absl::StatusOr<OpResult> r = slow.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(ShardDevices(*r), (std::vector<int>{3, 1}));
+  EXPECT_EQ(r->shards[0].range, (Range{0, 200}));
+  EXPECT_EQ(r->shards[1].range, (Range{200, 300}));
 }
 
 // A CPU device whose GEMMs wait until `open` is set.

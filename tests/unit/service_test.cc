@@ -446,6 +446,37 @@ TEST_F(ServerTest, BatchAnswersEveryItemWithItsOwnStatus) {
   EXPECT_EQ(seen.size(), static_cast<size_t>(kItems));
 }
 
+TEST_F(ServerTest, BatchReadAheadIsBoundedByBytesAndEveryItemIsAnswered) {
+  ServerOptions options;
+  options.max_inflight_bytes = 100 * 1024;  // about two items at a time
+  StartServer(options);
+  auto context = Context();
+  auto stream = stub_->Batch(context.get());
+  constexpr int kItems = 50;
+  std::map<std::string, std::vector<double>> want;
+  for (int i = 0; i < kItems; ++i) {
+    v1::BatchRequest item;
+    item.set_id(absl::StrCat("item-", i));
+    v1::ReduceRequest* reduce = item.mutable_reduce();
+    *reduce->mutable_input() = RandomTensor({10000}, rng_);  // 40 KB
+    reduce->set_op(v1::SUM);
+    want[item.id()] = reference::Reduce(Doubles(reduce->input()), 1, 10000, 1, ReduceKind::kSum);
+    ASSERT_TRUE(stream->Write(item));
+  }
+  stream->WritesDone();
+  int answered = 0;
+  v1::BatchResponse response;
+  while (stream->Read(&response)) {
+    ++answered;
+    ASSERT_EQ(response.code(), 0) << response.message();
+    const std::vector<double> got = Doubles(response.reduce().output());
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_NEAR(got[0], want.at(response.id())[0], 1e-3 * (1 + std::abs(want.at(response.id())[0])));
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, kItems);
+}
+
 TEST_F(ServerTest, BatchRefusesAnOverlongIdAndGoesOn) {
   StartServer(ServerOptions());
   auto context = Context();

@@ -46,6 +46,25 @@ DType FromKernel(k::DType t) {
   return DType::kFloat32;
 }
 
+// What one shard costs an H200, for the engine's choice of how many GPUs an
+// operation uses (server/core/cost.h). From deploy/gpu/results/cuda-backend.md
+// and the kernel results it rests on (kernels/bench/results/), rounded:
+// - fixed, per shard whatever its size: lane lease, stream-ordered
+//   allocations and frees, event timing, synchronisation (~150 us);
+// - host <-> device staging through a lane's pinned buffers, one memcpy
+//   thread per shard: 8.2 GB/s for 1 GiB;
+// - device memory: 4530 GB/s for a 2^28 fp32 reduce (reduce.md);
+// - tensor cores (fp16/bf16 GEMM and flash attention): 770 TFLOP/s for a
+//   16384^3 bf16 GEMM;
+// - CUDA cores (fp32, and the memory-bound operations' arithmetic): 47 TFLOP/s
+//   for fp32 GEMM (gemm_simt.md).
+// Calibration replaces the memory and tensor-core rates where it runs.
+constexpr double kShardFixedSeconds = 150e-6;
+constexpr double kStagingBytesPerSecond = 8e9;
+constexpr double kMemoryBytesPerSecond = 4000e9;
+constexpr double kTensorCoreFlopsPerSecond = 700e12;
+constexpr double kCudaCoreFlopsPerSecond = 50e12;
+
 // Largest score matrix the fp32 attention path materialises (see Attention).
 constexpr int64_t kMaxFp32ScoreBytes = int64_t{2} << 30;
 
@@ -293,6 +312,23 @@ CudaDeviceStats CudaDevice::Stats() const {
   s.memory_total_bytes = memory.total_bytes;
   s.inflight_shards = inflight_.load();
   return s;
+}
+
+DeviceCost CudaDevice::Cost(OpKind op, DType dtype) const {
+  const bool tensor_cores =
+      (op == OpKind::kGemm || op == OpKind::kAttention) && dtype != DType::kFloat32;
+  DeviceCost cost;
+  cost.fixed_seconds = kShardFixedSeconds;
+  cost.transfer_bytes_per_second = kStagingBytesPerSecond;
+  cost.memory_bytes_per_second =
+      memory_bytes_per_second_ > 0 ? memory_bytes_per_second_ : kMemoryBytesPerSecond;
+  if (!tensor_cores) {
+    cost.flops_per_second = kCudaCoreFlopsPerSecond;
+  } else {
+    cost.flops_per_second =
+        tensor_flops_per_second_ > 0 ? tensor_flops_per_second_ : kTensorCoreFlopsPerSecond;
+  }
+  return cost;
 }
 
 std::vector<std::string> CudaDevice::Variants(OpKind op) const {
@@ -861,10 +897,17 @@ int CountUsableGpus() {
 
 namespace {
 
-// Relative speed of device `ordinal`: bf16 GEMM throughput over a few
-// milliseconds, times copy bandwidth, geometric mean. Identical GPUs come out
-// within noise of each other; the caller normalises and rounds.
-absl::StatusOr<double> Calibrate(CudaDevice& device) {
+// What a short bf16 GEMM and a device-to-device copy measure on one GPU.
+struct Calibration {
+  double gemm_flops_per_second = 0;
+  double copy_bytes_per_second = 0;  // read + written
+  // Relative speed: the geometric mean of the two. Identical GPUs come out
+  // within noise of each other; the caller normalises and rounds.
+  double Speed() const { return std::sqrt(gemm_flops_per_second * copy_bytes_per_second); }
+};
+
+// Calibrates device `ordinal` over a few milliseconds.
+absl::StatusOr<Calibration> Calibrate(CudaDevice& device) {
   DeviceGuard guard(device.ordinal());
   const int64_t n = 2048;
   const size_t bytes = size_t(n * n) * 2;
@@ -912,9 +955,13 @@ absl::StatusOr<double> Calibrate(CudaDevice& device) {
   if (err == cudaSuccess) err = cudaEventElapsedTime(&copy_ms, e1, e2);
   cleanup();
   if (err != cudaSuccess) return CudaStatus(err, "calibration");
-  const double tflops = 2.0 * n * n * n * reps / (gemm_ms * 1e-3) / 1e12;
-  const double gbps = 2.0 * copy_bytes * reps / (copy_ms * 1e-3) / 1e9;
-  return std::sqrt(tflops * gbps);
+  if (!(gemm_ms > 0) || !(copy_ms > 0)) {
+    return absl::InternalError("calibration: the GPU's events measured no time");
+  }
+  Calibration calibration;
+  calibration.gemm_flops_per_second = 2.0 * n * n * n * reps / (gemm_ms * 1e-3);
+  calibration.copy_bytes_per_second = 2.0 * copy_bytes * reps / (copy_ms * 1e-3);
+  return calibration;
 }
 
 }  // namespace
@@ -962,8 +1009,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
   if (weights.empty() && devices.size() > 1) {
     std::vector<double> speed;
     for (auto& d : devices) {
-      ASSIGN_OR_RETURN(double v, Calibrate(*d));
-      speed.push_back(v);
+      ASSIGN_OR_RETURN(const Calibration calibration, Calibrate(*d));
+      d->set_calibration(calibration.gemm_flops_per_second, calibration.copy_bytes_per_second);
+      speed.push_back(calibration.Speed());
     }
     const double slowest = *std::min_element(speed.begin(), speed.end());
     for (size_t i = 0; i < devices.size(); ++i) {

@@ -54,6 +54,10 @@ class CudaDevice : public Device {
   // our pool's cached blocks included). Should the query fail, the total is
   // description().memory_bytes and nothing reads as in use.
   DeviceMemory MemoryUsage() const override;
+  // One shard's cost (server/core/cost.h): the H200's fixed cost per shard
+  // and host staging rate; device memory and tensor-core rates as calibrated
+  // by CreateCudaDevices where it calibrated, else the H200's.
+  DeviceCost Cost(OpKind op, DType dtype) const override;
   std::vector<std::string> Variants(OpKind op) const override;
 
   absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) override;
@@ -72,6 +76,13 @@ class CudaDevice : public Device {
   int ordinal() const { return ordinal_; }
   void set_peers(std::vector<int> peers) { description_.peers = std::move(peers); }
   void set_weight(double weight) { description_.weight = weight; }
+  // Rates measured on this device for Cost(): bf16 GEMM FLOP/s and device
+  // memory bytes/s (read + written). Like set_weight, only before the device
+  // is shared. REQUIRES: both > 0.
+  void set_calibration(double tensor_flops_per_second, double memory_bytes_per_second) {
+    tensor_flops_per_second_ = tensor_flops_per_second;
+    memory_bytes_per_second_ = memory_bytes_per_second;
+  }
   CudaDeviceStats Stats() const;
 
  private:
@@ -94,6 +105,8 @@ class CudaDevice : public Device {
   std::atomic<bool> healthy_{true};
   std::atomic<int> inflight_{0};
   cudaMemPool_t pool_ = nullptr;
+  double tensor_flops_per_second_ = 0;  // calibrated; 0: not calibrated
+  double memory_bytes_per_second_ = 0;  // calibrated; 0: not calibrated
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Lane>> lanes_;

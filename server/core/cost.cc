@@ -1,0 +1,146 @@
+#include "server/core/cost.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+namespace gpucompute {
+namespace {
+
+double Size(DType t) { return double(DTypeSize(t)); }
+double Count(Range r) { return double(std::max<int64_t>(r.size(), 0)); }
+
+// Keys that query rows `q_rows` see in total: every key, or under the causal
+// mask (aligned bottom-right) clamp(i + seq_kv - seq_q + 1, 0, seq_kv) for
+// row i. Closed form, as the rows can be as many as an int64 holds.
+double VisibleKeys(const AttentionSpec& s, Range q_rows) {
+  if (!s.causal) return Count(q_rows) * double(s.seq_kv);
+  // x = i + shift over [lo, hi) sees no key below 1, x keys up to seq_kv.
+  const int64_t shift = s.seq_kv - s.seq_q + 1;
+  const int64_t lo = q_rows.begin + shift, hi = q_rows.end + shift;
+  const int64_t first = std::max<int64_t>(lo, 1), last = std::min(hi, s.seq_kv);  // [first, last)
+  double keys = 0;
+  if (first < last) keys += (double(first) + double(last - 1)) * double(last - first) / 2;
+  const int64_t full = std::max(lo, s.seq_kv);
+  if (full < hi) keys += double(hi - full) * double(s.seq_kv);
+  return keys;
+}
+
+// Distinct (batch, kv head) pairs that the flattened (batch, q head) pairs
+// `heads` read: q head h reads kv head h / (heads_q / heads_kv).
+double KvHeads(const AttentionSpec& s, Range heads) {
+  if (heads.size() <= 0 || s.heads_q <= 0 || s.heads_kv <= 0) return 0;
+  const int64_t group = std::max<int64_t>(s.heads_q / s.heads_kv, 1);
+  auto kv = [&](int64_t x) { return (x / s.heads_q) * s.heads_kv + (x % s.heads_q) / group; };
+  return double(kv(heads.end - 1) - kv(heads.begin) + 1);
+}
+
+}  // namespace
+
+WorkCost GemmWork(const GemmSpec& spec, Range rows) {
+  const double es = Size(spec.dtype), m = Count(rows), batch = double(spec.batch);
+  const double n = double(spec.n), k = double(spec.k);
+  WorkCost w;
+  w.flops = 2.0 * batch * m * n * k;
+  w.bytes = es * (spec.a_batched ? batch : 1.0) * m * k +  // A: the shard's rows
+            es * (spec.b_batched ? batch : 1.0) * k * n +  // B: whole, for every shard
+            (spec.c.has_value() ? es * (spec.c_batched ? batch : 1.0) * m * n : 0.0) +
+            Size(spec.options.output_dtype) * batch * m * n;
+  return w;
+}
+
+WorkCost GemvWork(const GemvSpec& spec, Range rows) {
+  const double es = Size(spec.dtype), m = Count(rows);
+  const double k = double(spec.k), ncols = double(spec.ncols);
+  WorkCost w;
+  w.flops = 2.0 * m * k * ncols;
+  w.bytes = es * (m * k + k * ncols) +  // A's rows; x whole, for every shard
+            (spec.y.has_value() ? es * m * ncols : 0.0) +
+            Size(spec.options.output_dtype) * m * ncols;
+  return w;
+}
+
+WorkCost ReduceWork(const ReduceSpec& spec, Range outer, Range axis, bool partial) {
+  const double elements = Count(outer) * Count(axis) * double(spec.inner);
+  const double outputs = Count(outer) * double(spec.inner);
+  const double chunks =
+      double((std::max<int64_t>(axis.size(), 0) + kReduceChunk - 1) / kReduceChunk);
+  WorkCost w;
+  w.flops = elements;
+  w.bytes = elements * Size(spec.input.dtype) +
+            (partial ? outputs * 4.0 * chunks : outputs * Size(spec.options.output_dtype));
+  return w;
+}
+
+WorkCost TransposeWork(const TransposeSpec& spec, int prefix_axes, Range prefix) {
+  double elements = Count(prefix);
+  for (int i = prefix_axes; i < spec.rank; ++i) elements *= double(spec.in_shape[spec.perm[i]]);
+  WorkCost w;
+  w.bytes = elements * (Size(spec.input.dtype) + Size(spec.options.output_dtype));
+  return w;
+}
+
+WorkCost AttentionWork(const AttentionSpec& spec, Range heads, Range q_rows) {
+  const double h = Count(heads), q = Count(q_rows), d = double(spec.head_dim);
+  const double es = Size(spec.dtype);
+  WorkCost w;
+  w.flops = 4.0 * h * VisibleKeys(spec, q_rows) * d;
+  w.bytes = h * q * d * (es + Size(spec.options.output_dtype)) +         // Q in, O out
+            KvHeads(spec, heads) * 2.0 * double(spec.seq_kv) * d * es +  // K, V: every key
+            (spec.return_lse ? h * q * 4.0 : 0.0);
+  return w;
+}
+
+double ShardSeconds(const DeviceCost& cost, const WorkCost& work) {
+  double seconds = cost.fixed_seconds;
+  if (cost.transfer_bytes_per_second > 0) seconds += work.bytes / cost.transfer_bytes_per_second;
+  if (cost.memory_bytes_per_second > 0) seconds += work.bytes / cost.memory_bytes_per_second;
+  if (cost.flops_per_second > 0) seconds += work.flops / cost.flops_per_second;
+  return seconds;
+}
+
+Placement PlaceByCost(
+    absl::Span<const CostedDevice> candidates,
+    const std::function<ShardPlan(absl::Span<const double> weights)>& plan_for,
+    const std::function<WorkCost(const ShardPlan& plan, const Shard& shard)>& shard_work) {
+  const int n = static_cast<int>(candidates.size());
+  auto place = [&](std::vector<int> devices) {
+    std::vector<double> weights;
+    weights.reserve(devices.size());
+    for (int d : devices) weights.push_back(candidates[d].weight);
+    Placement placement;
+    placement.plan = plan_for(weights);
+    placement.devices = std::move(devices);
+    return placement;
+  };
+  std::vector<int> all(n);
+  std::iota(all.begin(), all.end(), 0);
+  const bool any_fixed =
+      std::any_of(candidates.begin(), candidates.end(),
+                  [](const CostedDevice& c) { return c.cost.fixed_seconds > 0; });
+  if (n == 1 || !any_fixed) return place(std::move(all));
+
+  std::vector<int> rank = all;
+  std::stable_sort(rank.begin(), rank.end(),
+                   [&](int a, int b) { return candidates[a].weight > candidates[b].weight; });
+  std::vector<Placement> placements;
+  std::vector<double> seconds;
+  for (int k = 1; k <= n; ++k) {
+    std::vector<int> chosen(rank.begin(), rank.begin() + k);
+    std::sort(chosen.begin(), chosen.end());
+    Placement placement = place(std::move(chosen));
+    double slowest = 0;
+    for (const Shard& shard : placement.plan.shards) {
+      const DeviceCost& cost = candidates[placement.devices[shard.device]].cost;
+      slowest = std::max(slowest, ShardSeconds(cost, shard_work(placement.plan, shard)));
+    }
+    placements.push_back(std::move(placement));
+    seconds.push_back(slowest);
+  }
+  const double best = *std::min_element(seconds.begin(), seconds.end());
+  int k = 0;
+  while (seconds[k] > best * (1.0 + kCostTolerance)) ++k;
+  return std::move(placements[k]);
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,79 @@
+// The cost model: the bytes and FLOPs of the part of an operation one shard
+// computes, what a device charges for them, and from that how many devices an
+// operation is worth. Plain data and arithmetic, unit-tested without devices.
+//
+// Splitting has a price: every shard pays a device's fixed cost (on a GPU:
+// leasing a lane, stream-ordered allocations, events, synchronisation) and
+// moves in full what every shard needs (GEMM's B, GEMV's x, attention's K and
+// V when the query rows are split). A small operation is done sooner, or no
+// later, on one device.
+#ifndef GPUCOMPUTE_SERVER_CORE_COST_H_
+#define GPUCOMPUTE_SERVER_CORE_COST_H_
+
+#include <functional>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "server/core/ops.h"
+#include "server/core/planner.h"
+
+namespace gpucompute {
+
+// What running one shard costs a device. A rate of 0 means that resource is
+// not modelled (costs nothing).
+struct DeviceCost {
+  double fixed_seconds = 0;              // per shard, whatever its size
+  double transfer_bytes_per_second = 0;  // host <-> device staging of a shard's bytes
+  double memory_bytes_per_second = 0;    // device memory traffic of a shard's bytes
+  double flops_per_second = 0;           // arithmetic
+};
+
+// Bytes (inputs read once, outputs written once) and FLOPs of one shard, with
+// the arguments the Device methods take (server/device/device.h). The whole
+// operation is the full range(s).
+WorkCost GemmWork(const GemmSpec& spec, Range rows);
+WorkCost GemvWork(const GemvSpec& spec, Range rows);
+// `partial`: one fp32 partial per chunk of `axis` instead of final values.
+WorkCost ReduceWork(const ReduceSpec& spec, Range outer, Range axis, bool partial);
+WorkCost TransposeWork(const TransposeSpec& spec, int prefix_axes, Range prefix);
+WorkCost AttentionWork(const AttentionSpec& spec, Range heads, Range q_rows);
+
+// Estimated seconds of `work` as one shard on a device of cost `cost`:
+// fixed + bytes / transfer rate + bytes / memory rate + FLOPs / FLOP rate
+// (the terms run one after another: upload, kernels, download).
+double ShardSeconds(const DeviceCost& cost, const WorkCost& work);
+
+// A plan with fewer devices is taken when its estimate is within this
+// fraction of the best: the estimates are coarse, and a request left on fewer
+// devices leaves the others to concurrent requests.
+inline constexpr double kCostTolerance = 0.05;
+
+// One device an operation may run on, as the cost model sees it.
+struct CostedDevice {
+  double weight = 1.0;  // relative compute weight (DeviceDescription::weight)
+  DeviceCost cost;
+};
+
+// Which candidates run an operation, and the plan over them.
+struct Placement {
+  std::vector<int> devices;  // indices into the candidates, in candidate order
+  ShardPlan plan;            // shard.device indexes `devices`
+};
+
+// Chooses how many candidates run an operation. For k = 1..n it takes the k
+// heaviest candidates (equal weights: the earlier first), keeps them in
+// candidate order, plans the operation over their weights with `plan_for`,
+// and estimates the plan as its slowest shard (ShardSeconds of
+// `shard_work(plan, shard)` on that shard's device). The result is the
+// smallest k whose estimate is within kCostTolerance of the best k's; weights
+// alone still divide the work among the chosen. When no candidate has a
+// fixed cost, splitting costs nothing and every candidate is chosen without
+// estimating. REQUIRES: candidates non-empty, every weight > 0.
+Placement PlaceByCost(
+    absl::Span<const CostedDevice> candidates,
+    const std::function<ShardPlan(absl::Span<const double> weights)>& plan_for,
+    const std::function<WorkCost(const ShardPlan& plan, const Shard& shard)>& shard_work);
+
+}  // namespace gpucompute
+
+#endif  // GPUCOMPUTE_SERVER_CORE_COST_H_
