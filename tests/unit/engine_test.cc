@@ -462,6 +462,8 @@ std::vector<int> ShardDevices(const OpResult& r) {
 }
 
 TEST(EngineCost, SmallOperationsStayOnTheHeaviestDevice) {
+  // Operations of tens of KB: a second shard would save a few microseconds
+  // against 150 us each.
   Engine engine("cuda", PricedDevices({1, 1, 2, 2}, kGpuCost));
   const std::vector<int> heaviest = {2};  // of the two heaviest, the first
 
@@ -472,23 +474,23 @@ TEST(EngineCost, SmallOperationsStayOnTheHeaviestDevice) {
   EXPECT_EQ(r->shards[0].range, (Range{0, 60}));
   EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), g.Reference(), 1e-4, 1e-5), "");
 
-  testing::GemvCase v = testing::MakeGemv(DType::kBFloat16, 600, 127, 3);
+  testing::GemvCase v = testing::MakeGemv(DType::kBFloat16, 60, 127, 3);
   r = engine.Gemv(v.spec);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(ShardDevices(*r), heaviest);
 
-  testing::ReduceCase red = testing::MakeReduce(DType::kFloat32, {60, 1000}, 1, ReduceKind::kSum);
+  testing::ReduceCase red = testing::MakeReduce(DType::kFloat32, {60, 100}, 1, ReduceKind::kSum);
   r = engine.Reduce(red.spec);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(ShardDevices(*r), heaviest);
 
-  testing::TransposeCase t = testing::MakeTranspose(DType::kFloat16, {7, 600, 33}, {1, 2, 0});
+  testing::TransposeCase t = testing::MakeTranspose(DType::kFloat16, {7, 60, 33}, {1, 2, 0});
   r = engine.Transpose(t.spec);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(ShardDevices(*r), heaviest);
   EXPECT_EQ(testing::Doubles(r->output), t.Reference());
 
-  testing::AttentionCase a = testing::MakeAttention(DType::kBFloat16, 2, 6, 3, 33, 40, 64, true);
+  testing::AttentionCase a = testing::MakeAttention(DType::kBFloat16, 1, 4, 2, 33, 40, 64, true);
   r = engine.Attention(a.spec);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(ShardDevices(*r), heaviest);

@@ -50,7 +50,8 @@ DType FromKernel(k::DType t) {
 // operation uses (server/core/cost.h). From deploy/gpu/results/cuda-backend.md
 // and the kernel results it rests on (kernels/bench/results/), rounded:
 // - fixed, per shard whatever its size: lane lease, stream-ordered
-//   allocations and frees, event timing, synchronisation (~150 us);
+//   allocations and frees, event timing, synchronisation (~150 us; an
+//   estimate, as the results do not break it out: measure it next time);
 // - host <-> device staging through a lane's pinned buffers, one memcpy
 //   thread per shard: 8.2 GB/s for 1 GiB;
 // - device memory: 4530 GB/s for a 2^28 fp32 reduce (reduce.md);
@@ -906,7 +907,7 @@ struct Calibration {
   double Speed() const { return std::sqrt(gemm_flops_per_second * copy_bytes_per_second); }
 };
 
-// Calibrates device `ordinal` over a few milliseconds.
+// Calibrates `device` over a few milliseconds.
 absl::StatusOr<Calibration> Calibrate(CudaDevice& device) {
   DeviceGuard guard(device.ordinal());
   const int64_t n = 2048;
