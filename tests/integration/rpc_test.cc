@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
@@ -260,6 +261,13 @@ TEST_P(RpcTest, OutputDTypeConverts) {
 TEST_P(RpcTest, EveryVariant) {
   auto info = client_->GetServerInfo();
   ASSERT_TRUE(info.ok()) << info.status();
+  // Every CPU variant runs every dtype and shape. A GPU rung named for an
+  // input it cannot take (a tensor-core rung given fp32, say) is refused with
+  // INVALID_ARGUMENT naming options.variant.
+  auto refused = [&](const absl::Status& status) {
+    return info->backend() != "cpu" && status.code() == absl::StatusCode::kInvalidArgument &&
+           absl::StartsWith(status.message(), "options.variant:");
+  };
   for (const v1::OperationVariants& op : info->operations()) {
     for (const std::string& variant : op.variants()) {
       SCOPED_TRACE(absl::StrCat(op.operation(), "/", variant));
@@ -274,6 +282,7 @@ TEST_P(RpcTest, EveryVariant) {
         v1::GemmRequest r = MakeGemm(GetParam(), {.m = 33, .n = 7, .k = 127, .beta = 1});
         *r.mutable_options() = options;
         auto response = client_->Gemm(r);
+        if (!response.ok() && refused(response.status())) continue;
         ASSERT_TRUE(response.ok()) << response.status();
         check = CheckGemm(r, *response);
         record(response->timings());
@@ -281,6 +290,7 @@ TEST_P(RpcTest, EveryVariant) {
         v1::GemvRequest r = MakeGemv(GetParam(), {.m = 127, .k = 33, .ncols = 2});
         *r.mutable_options() = options;
         auto response = client_->Gemv(r);
+        if (!response.ok() && refused(response.status())) continue;
         ASSERT_TRUE(response.ok()) << response.status();
         check = CheckGemv(r, *response);
         record(response->timings());
@@ -288,6 +298,7 @@ TEST_P(RpcTest, EveryVariant) {
         v1::ReduceRequest r = MakeReduce(GetParam(), {33, 127}, v1::SUM, 0);
         *r.mutable_options() = options;
         auto response = client_->Reduce(r);
+        if (!response.ok() && refused(response.status())) continue;
         ASSERT_TRUE(response.ok()) << response.status();
         check = CheckReduce(r, *response);
         record(response->timings());
@@ -295,6 +306,7 @@ TEST_P(RpcTest, EveryVariant) {
         v1::TransposeRequest r = MakeTranspose(GetParam(), {33, 127});
         *r.mutable_options() = options;
         auto response = client_->Transpose(r);
+        if (!response.ok() && refused(response.status())) continue;
         ASSERT_TRUE(response.ok()) << response.status();
         check = CheckTranspose(r, *response);
         record(response->timings());
@@ -303,6 +315,7 @@ TEST_P(RpcTest, EveryVariant) {
             MakeAttention(GetParam(), {.heads_q = 2, .seq_q = 33, .seq_kv = 7, .causal = true});
         *r.mutable_options() = options;
         auto response = client_->Attention(r);
+        if (!response.ok() && refused(response.status())) continue;
         ASSERT_TRUE(response.ok()) << response.status();
         check = CheckAttention(r, *response);
         record(response->timings());

@@ -105,6 +105,14 @@ void ScaleRowsOnHost(const TensorView* src, DType src_t, int64_t offset, double 
   FromFloat(out_t, v.data(), out, n);
 }
 
+// The error for arguments the kernels refuse: it names options.variant when a
+// variant was asked for by name (that choice is what the client can change).
+absl::Status Refused(absl::string_view op, absl::string_view variant, absl::string_view reason) {
+  if (variant.empty()) return absl::InvalidArgumentError(absl::StrCat(op, ": ", reason));
+  return absl::InvalidArgumentError(
+      absl::StrCat("options.variant: '", variant, "' cannot run this ", op, ": ", reason));
+}
+
 }  // namespace
 
 // A lane held for one shard; returned when the lease ends.
@@ -399,7 +407,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
     args.c_type = k::DType::kF32;
     support = k::CanImplementGemm(args, variant);
   }
-  if (!support) return absl::InvalidArgumentError(absl::StrCat("gemm: ", support.reason));
+  if (!support) return Refused("gemm", variant, support.reason);
   const DType c_t = FromKernel(args.c_type);
   const size_t ec = DTypeSize(c_t);
 
@@ -486,7 +494,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y
     args.y_type = k::DType::kF32;
     support = k::CanImplementGemv(args, variant);
   }
-  if (!support) return absl::InvalidArgumentError(absl::StrCat("gemv: ", support.reason));
+  if (!support) return Refused("gemv", variant, support.reason);
   const DType y_t = FromKernel(args.y_type);
   const size_t ey = DTypeSize(y_t);
 
@@ -571,7 +579,7 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
   args.out = o;
   const std::string& variant = s.options.variant;
   k::Support support = k::CanImplementReduce(args, variant);
-  if (!support) return absl::InvalidArgumentError(absl::StrCat("reduce: ", support.reason));
+  if (!support) return Refused("reduce", variant, support.reason);
   RETURN_IF_ERROR(scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
                                size_t(no), size_t(na * s.inner) * es,
                                size_t(s.axis_len * s.inner) * es));
@@ -647,7 +655,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
       args.in = row;
       args.out = row_out;
       k::Support support = k::CanImplementReduce(args, variant);
-      if (!support) return absl::InvalidArgumentError(absl::StrCat("reduce: ", support.reason));
+      if (!support) return Refused("reduce", variant, support.reason);
       err = k::LaunchReduce(args, variant, ws, scope.lane->stream());
     }
     if (tail && err == cudaSuccess) {
@@ -656,7 +664,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
       args.in = row + full * kReduceChunk * s.inner * es;
       args.out = row_out + full * s.inner;
       k::Support support = k::CanImplementReduce(args, variant);
-      if (!support) return absl::InvalidArgumentError(absl::StrCat("reduce: ", support.reason));
+      if (!support) return Refused("reduce", variant, support.reason);
       err = k::LaunchReduce(args, variant, ws, scope.lane->stream());
     }
   }
@@ -723,7 +731,7 @@ absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefi
   args.out = o;
   const std::string& variant = s.options.variant;
   k::Support support = k::CanImplementPermute(args, variant);
-  if (!support) return absl::InvalidArgumentError(absl::StrCat("transpose: ", support.reason));
+  if (!support) return Refused("transpose", variant, support.reason);
   RETURN_IF_ERROR(scope.Upload(in, src, up_rows, up_row_bytes, up_pitch));
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(scope.EndKernels(k::LaunchPermute(args, variant, scope.lane->stream()),
@@ -836,7 +844,7 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     args.o = o;
     args.lse = lse;
     k::Support support = k::CanImplementAttention(args, variant);
-    if (!support) return absl::InvalidArgumentError(absl::StrCat("attention: ", support.reason));
+    if (!support) return Refused("attention", variant, support.reason);
     // Q rows of each head; K and V: the first skv keys of each kv head.
     const size_t q_row = size_t(qn * d) * es, kv_row = size_t(skv * d) * es;
     for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
