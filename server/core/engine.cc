@@ -173,44 +173,44 @@ Placement Engine::Place(
   return placement;
 }
 
-absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(OpKind::kGemm, spec.options));
-  const Placement placement = Place(
-      OpKind::kGemm, spec.dtype, candidates,
-      [&](absl::Span<const double> weights) { return PlanGemm(spec, weights); },
-      [&](const ShardPlan&, const Shard& shard) { return GemmWork(spec, shard.range); });
+absl::StatusOr<OpResult> Engine::RunPartitioned(
+    OpKind op, DType dtype, const OpOptions& options, const std::vector<int64_t>& out_shape,
+    const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
+    const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
+    const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&, void*)>&
+        run_shard) {
+  ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(op, options));
+  const Placement placement = Place(op, dtype, candidates, plan_for, shard_work);
   OpResult result;
   result.backend = backend_;
-  ASSIGN_OR_RETURN(result.output,
-                   AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
+  ASSIGN_OR_RETURN(result.output, AllocateOutput(options.output_dtype, out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   void* out = result.output.mutable_data();
-  ASSIGN_OR_RETURN(result.shards,
-                   RunShards(OpKind::kGemm, spec.dtype, placement.plan, placement.devices,
-                             [&](Device& device, const Shard& shard) {
-                               return device.Gemm(spec, shard.range, out);
-                             }));
+  ASSIGN_OR_RETURN(result.shards, RunShards(op, dtype, placement.plan, placement.devices,
+                                            [&](Device& device, const Shard& shard) {
+                                              return run_shard(device, placement.plan, shard, out);
+                                            }));
   return result;
 }
 
+absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
+  return RunPartitioned(
+      OpKind::kGemm, spec.dtype, spec.options, spec.out_shape,
+      [&](absl::Span<const double> weights) { return PlanGemm(spec, weights); },
+      [&](const ShardPlan&, const Shard& shard) { return GemmWork(spec, shard.range); },
+      [&](Device& device, const ShardPlan&, const Shard& shard, void* out) {
+        return device.Gemm(spec, shard.range, out);
+      });
+}
+
 absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(OpKind::kGemv, spec.options));
-  const Placement placement = Place(
-      OpKind::kGemv, spec.dtype, candidates,
+  return RunPartitioned(
+      OpKind::kGemv, spec.dtype, spec.options, spec.out_shape,
       [&](absl::Span<const double> weights) { return PlanGemv(spec, weights); },
-      [&](const ShardPlan&, const Shard& shard) { return GemvWork(spec, shard.range); });
-  OpResult result;
-  result.backend = backend_;
-  ASSIGN_OR_RETURN(result.output,
-                   AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
-  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
-  void* out = result.output.mutable_data();
-  ASSIGN_OR_RETURN(result.shards,
-                   RunShards(OpKind::kGemv, spec.dtype, placement.plan, placement.devices,
-                             [&](Device& device, const Shard& shard) {
-                               return device.Gemv(spec, shard.range, out);
-                             }));
-  return result;
+      [&](const ShardPlan&, const Shard& shard) { return GemvWork(spec, shard.range); },
+      [&](Device& device, const ShardPlan&, const Shard& shard, void* out) {
+        return device.Gemv(spec, shard.range, out);
+      });
 }
 
 absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
@@ -269,27 +269,15 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
 }
 
 absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec) {
-  ASSIGN_OR_RETURN(const std::vector<int> candidates,
-                   SelectDevices(OpKind::kTranspose, spec.options));
-  const Placement placement = Place(
-      OpKind::kTranspose, spec.input.dtype, candidates,
+  return RunPartitioned(
+      OpKind::kTranspose, spec.input.dtype, spec.options, spec.out_shape,
       [&](absl::Span<const double> weights) { return PlanTranspose(spec, weights); },
       [&](const ShardPlan& plan, const Shard& shard) {
         return TransposeWork(spec, plan.prefix_axes, shard.range);
+      },
+      [&](Device& device, const ShardPlan& plan, const Shard& shard, void* out) {
+        return device.Transpose(spec, plan.prefix_axes, shard.range, out);
       });
-  OpResult result;
-  result.backend = backend_;
-  ASSIGN_OR_RETURN(result.output,
-                   AllocateOutput(spec.options.output_dtype, spec.out_shape, "output"));
-  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
-  void* out = result.output.mutable_data();
-  ASSIGN_OR_RETURN(result.shards,
-                   RunShards(OpKind::kTranspose, spec.input.dtype, placement.plan,
-                             placement.devices, [&](Device& device, const Shard& shard) {
-                               return device.Transpose(spec, placement.plan.prefix_axes,
-                                                       shard.range, out);
-                             }));
-  return result;
 }
 
 absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {

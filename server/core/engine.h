@@ -91,6 +91,15 @@ class Engine {
   Placement Place(OpKind op, DType dtype, const std::vector<int>& candidates,
                   const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
                   const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work) const;
+  // The whole of an operation whose shards each write their own part of one
+  // output (GEMM, GEMV, transpose): selects and places devices, allocates the
+  // output (returned at once when empty) and runs the shards.
+  absl::StatusOr<OpResult> RunPartitioned(
+      OpKind op, DType dtype, const OpOptions& options, const std::vector<int64_t>& out_shape,
+      const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
+      const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
+      const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&,
+                                                   void*)>& run_shard);
   // Runs every shard of `plan` on its device (shard.device indexes
   // `selected`) concurrently: the first on the calling thread, each other on a
   // thread of its own. Reports each to the observer; returns the timings in
