@@ -48,8 +48,11 @@ TEST(ShutdownTest, SigtermDrainsRequestsInFlight) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto client = (*server)->NewClient(absl::Seconds(120));
 
-  // An attention request that takes at least 100 ms of server time here,
+  // An attention request that takes at least 250 ms of server time here,
   // and its answer before any shutdown (the drained answers must equal it).
+  // It grows along seq_q first: the work doubles while the bytes on the
+  // wire stay small, so that the requests arrive long before the first one
+  // is done, even on a slow two-core machine.
   AttentionCase size{
       .batch = 1, .heads_q = 4, .heads_kv = 4, .seq_q = 256, .seq_kv = 1024, .head_dim = 128};
   v1::AttentionRequest request;
@@ -58,8 +61,12 @@ TEST(ShutdownTest, SigtermDrainsRequestsInFlight) {
     request = MakeAttention(v1::BFLOAT16, size);
     baseline = client->Attention(request);
     ASSERT_TRUE(baseline.ok()) << baseline.status();
-    if (baseline->timings().server_seconds() >= 0.1 || size.seq_kv >= 65536) break;
-    size.seq_kv *= 2;
+    if (baseline->timings().server_seconds() >= 0.25 || size.seq_kv >= 65536) break;
+    if (size.seq_q < 8192) {
+      size.seq_q *= 2;
+    } else {
+      size.seq_kv *= 2;
+    }
   }
   // A health watcher that records every state it is told.
   std::vector<int> states;
@@ -102,7 +109,7 @@ TEST(ShutdownTest, SigtermDrainsRequestsInFlight) {
     if (!all_in_flight) absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_TRUE(all_in_flight) << "the requests never were in flight together (at most " << most
-                             << "; seq_kv " << size.seq_kv << ")";
+                             << "; seq_q " << size.seq_q << ", seq_kv " << size.seq_kv << ")";
   (*server)->Signal(SIGTERM);
 
   // New calls are refused while draining (or once stopped).
