@@ -43,6 +43,9 @@ ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
 ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
           "admission limit on the bytes (inputs plus outputs) of operations served at once; "
           "0 = no limit");
+ABSL_FLAG(int64_t, device_max_inflight_bytes, kDefaults.device_max_inflight_bytes,
+          "per device: bound on the bytes (inputs plus outputs) of the shards it holds at once; "
+          "work over it waits; 0 = no bound, -1 = automatic (3/4 of a GPU's memory, none on CPU)");
 ABSL_FLAG(int, worker_threads, kDefaults.worker_threads,
           "threads running operations; 0 = twice the hardware threads (at least 4)");
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
@@ -84,6 +87,7 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.cpu_devices = absl::GetFlag(FLAGS_cpu_devices);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  options.device_max_inflight_bytes = absl::GetFlag(FLAGS_device_max_inflight_bytes);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);

@@ -32,7 +32,8 @@ struct HostTensor {
   std::vector<int64_t> shape;
   std::string data;
 
-  // Allocates (uninitialised) storage for `shape` elements of `dtype`.
+  // Allocates zero-filled storage for `shape` elements of `dtype` (a string, so
+  // that a response can take the bytes without a copy; large ones on huge pages).
   static HostTensor Allocate(DType dtype, std::vector<int64_t> shape);
   int64_t num_elements() const { return NumElements(shape); }
   void* mutable_data() { return data.data(); }

@@ -1,7 +1,9 @@
 #include "server/core/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
+#include <map>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -35,11 +37,19 @@ absl::StatusOr<HostTensor> AllocateOutput(DType dtype, std::vector<int64_t> shap
 }  // namespace
 
 Engine::Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices,
-               ShardObserver* observer)
+               ShardObserver* observer, std::vector<int64_t> device_max_inflight_bytes)
     : backend_(std::move(backend)),
       devices_(std::move(devices)),
       observer_(observer),
-      inflight_(new std::atomic<int>[devices_.size()]()) {}
+      inflight_(new std::atomic<int>[devices_.size()]()) {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const int64_t limit = i < device_max_inflight_bytes.size()
+                              ? std::max<int64_t>(0, device_max_inflight_bytes[i])
+                              : 0;
+    device_admission_.push_back(std::make_unique<Admission>(
+        limit, absl::StrCat("--device_max_inflight_bytes of device ", i)));
+  }
+}
 
 Engine::~Engine() = default;
 
@@ -98,6 +108,27 @@ absl::StatusOr<std::vector<int>> Engine::SelectDevices(OpKind op, const OpOption
     }
   }
   return selected;
+}
+
+absl::StatusOr<std::vector<Admission::Ticket>> Engine::AdmitShards(
+    const Placement& placement,
+    const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
+    const OpOptions& options, OpResult* result) {
+  std::map<int, int64_t> bytes;  // by device index: taken in this order
+  for (const Shard& shard : placement.plan.shards) {
+    bytes[placement.devices[shard.device]] +=
+        static_cast<int64_t>(std::ceil(shard_work(placement.plan, shard).bytes));
+  }
+  const auto cancelled = [&options] { return options.cancelled && options.cancelled(); };
+  std::vector<Admission::Ticket> tickets;
+  const absl::Time start = absl::Now();
+  for (const auto& [device, held] : bytes) {
+    ASSIGN_OR_RETURN(Admission::Ticket ticket,
+                     device_admission_[device]->Admit(held, options.deadline, cancelled));
+    tickets.push_back(std::move(ticket));
+  }
+  result->device_wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  return tickets;
 }
 
 absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(
@@ -185,6 +216,8 @@ absl::StatusOr<OpResult> Engine::RunPartitioned(
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output, AllocateOutput(options.output_dtype, out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
+  ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
+                   AdmitShards(placement, shard_work, options, &result));
   void* out = result.output.mutable_data();
   ASSIGN_OR_RETURN(result.shards, RunShards(op, dtype, placement.plan, placement.devices,
                                             [&](Device& device, const Shard& shard) {
@@ -216,18 +249,20 @@ absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
 absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
   ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(OpKind::kReduce, spec.options));
   const Range whole_axis{0, spec.axis_len}, all_outer{0, spec.outer};
+  const auto shard_work = [&](const ShardPlan& plan, const Shard& shard) {
+    return plan.axis == "outer" ? ReduceWork(spec, shard.range, whole_axis, false)
+                                : ReduceWork(spec, all_outer, shard.range, true);
+  };
   const Placement placement = Place(
       OpKind::kReduce, spec.input.dtype, candidates,
-      [&](absl::Span<const double> weights) { return PlanReduce(spec, weights); },
-      [&](const ShardPlan& plan, const Shard& shard) {
-        return plan.axis == "outer" ? ReduceWork(spec, shard.range, whole_axis, false)
-                                    : ReduceWork(spec, all_outer, shard.range, true);
-      });
+      [&](absl::Span<const double> weights) { return PlanReduce(spec, weights); }, shard_work);
   OpResult result;
   result.backend = backend_;
   const DType out_dtype = spec.options.output_dtype;
   ASSIGN_OR_RETURN(result.output, AllocateOutput(out_dtype, spec.out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
+  ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
+                   AdmitShards(placement, shard_work, spec.options, &result));
   void* out = result.output.mutable_data();
   if (placement.plan.axis == "outer") {
     ASSIGN_OR_RETURN(result.shards,
@@ -284,13 +319,13 @@ absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
   ASSIGN_OR_RETURN(const std::vector<int> candidates,
                    SelectDevices(OpKind::kAttention, spec.options));
   const Range all_heads{0, spec.batch * spec.heads_q}, all_rows{0, spec.seq_q};
+  const auto shard_work = [&](const ShardPlan& plan, const Shard& shard) {
+    return plan.axis == "heads" ? AttentionWork(spec, shard.range, all_rows)
+                                : AttentionWork(spec, all_heads, shard.range);
+  };
   const Placement placement = Place(
       OpKind::kAttention, spec.dtype, candidates,
-      [&](absl::Span<const double> weights) { return PlanAttention(spec, weights); },
-      [&](const ShardPlan& plan, const Shard& shard) {
-        return plan.axis == "heads" ? AttentionWork(spec, shard.range, all_rows)
-                                    : AttentionWork(spec, all_heads, shard.range);
-      });
+      [&](absl::Span<const double> weights) { return PlanAttention(spec, weights); }, shard_work);
   OpResult result;
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output, AllocateOutput(spec.options.output_dtype, spec.out_shape, "o"));
@@ -301,6 +336,8 @@ absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
     lse = reinterpret_cast<float*>(result.lse->mutable_data());
   }
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
+  ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
+                   AdmitShards(placement, shard_work, spec.options, &result));
   void* out = result.output.mutable_data();
   const bool by_heads = placement.plan.axis == "heads";
   ASSIGN_OR_RETURN(result.shards,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/core/admission.h"
 #include "server/core/cost.h"
 #include "server/core/ops.h"
 #include "server/core/planner.h"
@@ -31,7 +32,10 @@ struct OpResult {
   HostTensor output;
   std::optional<HostTensor> lse;  // attention with return_lse
   std::vector<ShardTiming> shards;
-  std::string backend;            // "cpu" or "cuda"
+  std::string backend;  // "cpu" or "cuda"
+  // Seconds the operation waited for room on its devices
+  // (--device_max_inflight_bytes) before its shards started.
+  double device_wait_seconds = 0;
 };
 
 // Observer of every shard that ran (the metrics layer implements it).
@@ -46,9 +50,11 @@ class Engine {
  public:
   // Takes ownership of `devices` (indices 0..n-1, in order). `backend` names
   // them ("cpu" or "cuda"). `observer` may be null; it must outlive the engine.
+  // `device_max_inflight_bytes[i]` bounds the bytes (inputs plus outputs) of
+  // the shards device i holds at once; missing or <= 0 entries are unbounded.
   // REQUIRES: devices non-empty.
   Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices,
-         ShardObserver* observer = nullptr);
+         ShardObserver* observer = nullptr, std::vector<int64_t> device_max_inflight_bytes = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -63,7 +69,10 @@ class Engine {
   // returned at once, with no shards.
   // Errors: INVALID_ARGUMENT for an unknown variant or device index (naming
   // options.variant / options.devices), UNAVAILABLE when no healthy device is
-  // left, or the first shard's error.
+  // left, RESOURCE_EXHAUSTED (naming --device_max_inflight_bytes) when a
+  // shard alone exceeds its device's in-flight bound or options.deadline
+  // passes while waiting for room, CANCELLED when options.cancelled() turns
+  // true while waiting, or the first shard's error.
   absl::StatusOr<OpResult> Gemm(const GemmSpec& spec);
   absl::StatusOr<OpResult> Gemv(const GemvSpec& spec);
   absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec);
@@ -76,6 +85,10 @@ class Engine {
   // Shards running on device `i` right now (any operation, any caller).
   // REQUIRES: 0 <= i < num_devices().
   int InflightShards(int i) const { return inflight_[i].load(std::memory_order_relaxed); }
+  // Bytes of the shards admitted to device `i` right now, and its bound
+  // (0: unbounded). REQUIRES: 0 <= i < num_devices().
+  int64_t InflightBytes(int i) const { return device_admission_[i]->inflight_bytes(); }
+  int64_t MaxInflightBytes(int i) const { return device_admission_[i]->limit(); }
   // True while at least one device is healthy.
   bool AnyHealthy() const;
   // Union of the devices' variant names for `op`, fastest first.
@@ -98,8 +111,17 @@ class Engine {
       OpKind op, DType dtype, const OpOptions& options, const std::vector<int64_t>& out_shape,
       const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
       const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
-      const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&,
-                                                   void*)>& run_shard);
+      const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&, void*)>&
+          run_shard);
+  // Holds room on each device of `placement` for the bytes of its shards
+  // (`shard_work(plan, shard).bytes`), taken in device index order so that
+  // operations waiting for several devices never wait on one another in a
+  // cycle; adds the time waited to `result->device_wait_seconds`. The
+  // tickets give the room back when destroyed.
+  absl::StatusOr<std::vector<Admission::Ticket>> AdmitShards(
+      const Placement& placement,
+      const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
+      const OpOptions& options, OpResult* result);
   // Runs every shard of `plan` on its device (shard.device indexes
   // `selected`) concurrently: the first on the calling thread, each other on a
   // thread of its own. Reports each to the observer; returns the timings in
@@ -111,7 +133,8 @@ class Engine {
   std::string backend_;
   std::vector<std::unique_ptr<Device>> devices_;
   ShardObserver* observer_;
-  std::unique_ptr<std::atomic<int>[]> inflight_;  // shards running, per device
+  std::unique_ptr<std::atomic<int>[]> inflight_;              // shards running, per device
+  std::vector<std::unique_ptr<Admission>> device_admission_;  // per device
 };
 
 }  // namespace gpucompute

@@ -6,11 +6,13 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "server/common/dtype.h"
 #include "server/common/tensor.h"
 
@@ -25,10 +27,14 @@ std::string_view OpName(OpKind op);
 
 // Options every operation carries (see proto OpOptions).
 struct OpOptions {
-  std::string variant;       // empty: the device's fastest
-  std::vector<int> devices;  // empty: every healthy device
+  std::string variant;                   // empty: the device's fastest
+  std::vector<int> devices;              // empty: every healthy device
   DType output_dtype = DType::kFloat32;  // resolved: never unspecified here
   bool allow_tf32 = false;
+  // How long the operation may wait for room on its devices (per-device
+  // admission) and whether its caller has gone; not part of the request.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // may be empty: never cancelled
 };
 
 // C = alpha * op(A) * op(B) + beta * C over `batch` entries.

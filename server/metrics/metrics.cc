@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/metrics/http_endpoint.h"
 #include "prometheus/text_serializer.h"
+#include "server/metrics/http_endpoint.h"
 
 namespace gpucompute {
 namespace {
@@ -100,6 +100,11 @@ Metrics::Metrics()
                                   .Name("gpucompute_device_inflight_shards")
                                   .Help("Shards running on the device.")
                                   .Register(*registry_)),
+      device_inflight_bytes_(prometheus::BuildGauge()
+                                 .Name("gpucompute_device_inflight_bytes")
+                                 .Help("Bytes (inputs plus outputs) of the shards admitted to "
+                                       "the device, bounded by --device_max_inflight_bytes.")
+                                 .Register(*registry_)),
       device_healthy_(prometheus::BuildGauge()
                           .Name("gpucompute_device_healthy")
                           .Help("1 while the device is healthy, 0 once it has failed for good "
@@ -178,6 +183,7 @@ void Metrics::RefreshDevices() const {
     gauges.memory_used->Set(static_cast<double>(state.memory_used_bytes));
     gauges.memory_total->Set(static_cast<double>(state.memory_total_bytes));
     gauges.inflight_shards->Set(state.inflight_shards);
+    gauges.inflight_bytes->Set(static_cast<double>(state.inflight_bytes));
     gauges.healthy->Set(state.healthy ? 1 : 0);
   }
 }
@@ -205,6 +211,7 @@ void Metrics::SetDevices(absl::Span<const DeviceDescription> devices) {
       gauges.memory_used = &device_memory_used_.Add({{"device", index}});
       gauges.memory_total = &device_memory_total_.Add({{"device", index}});
       gauges.inflight_shards = &device_inflight_shards_.Add({{"device", index}});
+      gauges.inflight_bytes = &device_inflight_bytes_.Add({{"device", index}});
       gauges.healthy = &device_healthy_.Add({{"device", index}});
       gauges.memory_total->Set(static_cast<double>(device.memory_bytes));
       gauges.healthy->Set(1);

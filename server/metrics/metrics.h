@@ -34,6 +34,7 @@ struct DeviceState {
   int64_t memory_used_bytes = 0;
   int64_t memory_total_bytes = 0;
   int inflight_shards = 0;
+  int64_t inflight_bytes = 0;  // bytes of the shards admitted to it
   bool healthy = true;
 };
 
@@ -53,6 +54,7 @@ struct DeviceState {
 //   gpucompute_device_memory_used_bytes{device},
 //   gpucompute_device_memory_total_bytes{device},
 //   gpucompute_device_inflight_shards{device},
+//   gpucompute_device_inflight_bytes{device},
 //   gpucompute_device_healthy{device} (1/0)                gauges, at scrape
 //   gpucompute_device_peer_access{device,peer} = 1         gauge (topology)
 // Thread-safe.
@@ -135,6 +137,7 @@ class Metrics final : public ShardObserver {
     prometheus::Gauge* memory_used;
     prometheus::Gauge* memory_total;
     prometheus::Gauge* inflight_shards;
+    prometheus::Gauge* inflight_bytes;
     prometheus::Gauge* healthy;
   };
   TransferSeries Transfers(int device);
@@ -155,6 +158,7 @@ class Metrics final : public ShardObserver {
   prometheus::Family<prometheus::Gauge>& device_memory_used_;
   prometheus::Family<prometheus::Gauge>& device_memory_total_;
   prometheus::Family<prometheus::Gauge>& device_inflight_shards_;
+  prometheus::Family<prometheus::Gauge>& device_inflight_bytes_;
   prometheus::Family<prometheus::Gauge>& device_healthy_;
   prometheus::Family<prometheus::Gauge>& device_peer_access_;
   prometheus::Counter* received_bytes_;

@@ -127,12 +127,16 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     return absl::DeadlineExceededError("the deadline passed before the operation started");
   }
   const double queue_seconds = SecondsSince(call.accepted);
+  // The devices' own admission waits no longer than the call.
+  spec.options.deadline = call.deadline;
+  spec.options.cancelled = [context] { return context->IsCancelled(); };
   absl::StatusOr<OpResult> result = Run(*engine_, spec);
   if (!result.ok()) {
     if (on_no_healthy_device_ && !engine_->AnyHealthy()) on_no_healthy_device_();
     return result.status();
   }
-  FillResponse(*result, SecondsSince(call.accepted), queue_seconds, response);
+  FillResponse(*result, SecondsSince(call.accepted), queue_seconds + result->device_wait_seconds,
+               response);
   return absl::OkStatus();
 }
 
@@ -245,7 +249,9 @@ grpc::ServerUnaryReactor* ComputeService::GetServerInfo(grpc::CallbackServerCont
   response->set_backend(engine_->backend());
   for (int i = 0; i < engine_->num_devices(); ++i) {
     const Device& device = engine_->device(i);
-    FillDeviceInfo(device.description(), device.healthy(), response->add_devices());
+    v1::DeviceInfo* info = response->add_devices();
+    FillDeviceInfo(device.description(), device.healthy(), info);
+    info->set_max_inflight_bytes(engine_->MaxInflightBytes(i));
   }
   for (OpKind op : kAllOps) {
     v1::OperationVariants* variants = response->add_operations();
@@ -417,8 +423,8 @@ class ComputeService::BatchReactor final
       response->set_id(item.id().substr(0, kMaxBatchIdBytes));
       method = "Batch/BadId";
       service_->LeaveQueue();
-      status = absl::InvalidArgumentError(absl::StrCat("id: ", item.id().size(),
-                                                       " bytes; at most ", kMaxBatchIdBytes));
+      status = absl::InvalidArgumentError(
+          absl::StrCat("id: ", item.id().size(), " bytes; at most ", kMaxBatchIdBytes));
     } else {
       response->set_id(item.id());
     }
@@ -496,7 +502,7 @@ class ComputeService::BatchReactor final
   // writing_.
   struct Pending {
     std::unique_ptr<v1::BatchResponse> response;
-    Admission::Ticket ticket;  // its bytes stay in flight until written
+    Admission::Ticket ticket;   // its bytes stay in flight until written
     int64_t request_bytes = 0;  // the item's share of the read-ahead window
   };
   std::deque<Pending> writes_ ABSL_GUARDED_BY(mu_);

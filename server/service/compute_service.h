@@ -17,9 +17,9 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/compute.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/core/admission.h"
 #include "server/core/engine.h"
 #include "server/metrics/metrics.h"
-#include "server/service/admission.h"
 #include "server/service/validate.h"
 #include "server/service/worker_pool.h"
 

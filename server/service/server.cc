@@ -40,6 +40,12 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_inflight_bytes: expected >= 0 (0 = no limit) but got ", options.max_inflight_bytes));
   }
+  if (options.device_max_inflight_bytes < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device_max_inflight_bytes: expected >= -1 (0 = no bound, -1 = automatic) "
+                     "but got ",
+                     options.device_max_inflight_bytes));
+  }
   if (options.worker_threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--worker_threads: expected >= 0 (0 = automatic) but got ", options.worker_threads));
@@ -62,6 +68,7 @@ std::vector<DeviceState> DeviceStates(const Engine& engine) {
     state.memory_used_bytes = memory.used_bytes;
     state.memory_total_bytes = memory.total_bytes;
     state.inflight_shards = engine.InflightShards(i);
+    state.inflight_bytes = engine.InflightBytes(i);
     state.healthy = device.healthy();
     states.push_back(state);
   }
@@ -78,22 +85,33 @@ std::string HostOf(const std::string& address) {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   RETURN_IF_ERROR(CheckOptions(options));
+  BackendOptions backend;
+  backend.backend = options.backend;
+  backend.devices = options.devices;
+  backend.device_weights = options.device_weights;
+  backend.cpu_devices = options.cpu_devices;
+  ASSIGN_OR_RETURN(DeviceSet devices, CreateDevices(backend));
+  return Create(std::move(options), std::move(devices));
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, DeviceSet devices) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  if (devices.devices.empty()) return absl::InvalidArgumentError("no devices to serve");
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& opts = server->options_;
-
-  BackendOptions backend;
-  backend.backend = opts.backend;
-  backend.devices = opts.devices;
-  backend.device_weights = opts.device_weights;
-  backend.cpu_devices = opts.cpu_devices;
-  ASSIGN_OR_RETURN(DeviceSet devices, CreateDevices(backend));
 
   server->metrics_ = std::make_unique<Metrics>();
   std::vector<DeviceDescription> descriptions;
   for (const auto& device : devices.devices) descriptions.push_back(device->description());
   server->metrics_->SetDevices(descriptions);
-  server->engine_ =
-      std::make_unique<Engine>(devices.backend, std::move(devices.devices), server->metrics_.get());
+  std::vector<int64_t> device_limits;
+  for (const DeviceDescription& d : descriptions) {
+    device_limits.push_back(opts.device_max_inflight_bytes >= 0 ? opts.device_max_inflight_bytes
+                            : d.kind == "cuda"                  ? d.memory_bytes / 4 * 3
+                                                                : 0);
+  }
+  server->engine_ = std::make_unique<Engine>(devices.backend, std::move(devices.devices),
+                                             server->metrics_.get(), std::move(device_limits));
   const Engine* engine = server->engine_.get();
   server->metrics_->SetDeviceRefresh([engine] { return DeviceStates(*engine); });
   server->admission_ = std::make_unique<Admission>(opts.max_inflight_bytes);
@@ -149,9 +167,8 @@ absl::Status Server::StartServing() {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
   // Health turns NOT_SERVING once no device is left (GPUs that failed for good).
-  service_->SetNoHealthyDeviceCallback([this] {
-    grpc_server_->GetHealthCheckService()->SetServingStatus(false);
-  });
+  service_->SetNoHealthyDeviceCallback(
+      [this] { grpc_server_->GetHealthCheckService()->SetServingStatus(false); });
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));

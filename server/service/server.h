@@ -15,10 +15,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "server/core/admission.h"
 #include "server/core/engine.h"
 #include "server/metrics/metrics.h"
-#include "server/service/admission.h"
 #include "server/service/compute_service.h"
+#include "server/service/devices.h"
 #include "server/service/worker_pool.h"
 
 namespace gpucompute {
@@ -44,6 +45,10 @@ struct ServerOptions {
   // Admission limit on the bytes (inputs plus outputs) of the operations
   // being served at once; 0 = no limit.
   int64_t max_inflight_bytes = int64_t{4} << 30;
+  // Per device: bound on the bytes (inputs plus outputs) of the shards it
+  // holds at once; 0 = no bound, -1 = automatic (three quarters of a GPU's
+  // memory; no bound for CPU devices, which --max_inflight_bytes covers).
+  int64_t device_max_inflight_bytes = -1;
   // Threads that run operations; 0 = twice the hardware threads (at least 4).
   int worker_threads = 0;
   // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,
@@ -60,6 +65,10 @@ class Server {
   // FAILED_PRECONDITION for a backend this build or machine lacks, or the
   // backend's error.
   static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options);
+  // The same over `devices` as given (the backend, device and weight options
+  // are not used): for embedding the service over devices of one's own.
+  // INVALID_ARGUMENT when `devices` is empty.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options, DeviceSet devices);
 
   // Shuts down (see Shutdown) if still serving.
   ~Server();

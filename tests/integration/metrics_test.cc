@@ -83,7 +83,8 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
         "gpucompute_device_info", "gpucompute_transfer_duration_seconds",
         "gpucompute_transfer_bytes_total", "gpucompute_device_memory_used_bytes",
         "gpucompute_device_memory_total_bytes", "gpucompute_device_inflight_shards",
-        "gpucompute_device_healthy", "gpucompute_device_peer_access"}) {
+        "gpucompute_device_inflight_bytes", "gpucompute_device_healthy",
+        "gpucompute_device_peer_access"}) {
     EXPECT_TRUE(absl::StrContains(m, absl::StrCat("# TYPE ", family, " ")))
         << "no metric family " << family;
   }
@@ -126,6 +127,7 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
     ASSERT_TRUE(has("gpucompute_device_memory_used_bytes"));
     ASSERT_TRUE(has("gpucompute_device_memory_total_bytes"));
     ASSERT_TRUE(has("gpucompute_device_inflight_shards"));
+    ASSERT_TRUE(has("gpucompute_device_inflight_bytes"));
     ASSERT_TRUE(has("gpucompute_device_healthy"));
     const double used = Sum(m, "gpucompute_device_memory_used_bytes", {label});
     const double total = Sum(m, "gpucompute_device_memory_total_bytes", {label});
@@ -138,6 +140,7 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
     }
     EXPECT_GT(total, 0);
     EXPECT_EQ(Sum(m, "gpucompute_device_inflight_shards", {label}), 0);
+    EXPECT_EQ(Sum(m, "gpucompute_device_inflight_bytes", {label}), 0);
     EXPECT_EQ(Sum(m, "gpucompute_device_healthy", {label}), 1);
     for (const char* direction : {"host_to_device", "device_to_host"}) {
       EXPECT_TRUE(absl::StrContains(m, absl::StrCat("gpucompute_transfer_bytes_total{", label,

@@ -366,6 +366,7 @@ TEST(ServerInfoTest, DescribesTheCpuBackend) {
     EXPECT_GT(d.compute_units(), 0);
     EXPECT_DOUBLE_EQ(d.weight(), i + 1);
     EXPECT_TRUE(d.healthy());
+    EXPECT_EQ(d.max_inflight_bytes(), 0);  // CPU devices: --max_inflight_bytes covers them
   }
   std::set<std::string> ops;
   for (const v1::OperationVariants& op : info->operations()) {

@@ -235,5 +235,27 @@ TEST(ValidationTest, OverTheInflightLimitIsResourceExhausted) {
   EXPECT_TRUE(Passes(CheckGemm(small, *ok)));
 }
 
+TEST(ValidationTest, OverADeviceBoundIsResourceExhaustedNamingTheFlag) {
+  auto server = ServerProcess::Start({"--device_max_inflight_bytes=100000"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(20));
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_GT(info->devices_size(), 0);
+  for (const v1::DeviceInfo& device : info->devices()) {
+    EXPECT_EQ(device.max_inflight_bytes(), 100000) << "device " << device.index();
+  }
+  // Every shard of a 200^3 fp32 GEMM holds all of B (160 KB): over the bound
+  // on any number of devices, while the server-wide limit (4 GiB) admits it.
+  auto gemm = client->Gemm(MakeGemm(v1::FLOAT32, {.m = 200, .n = 200, .k = 200}));
+  EXPECT_EQ(gemm.status().code(), absl::StatusCode::kResourceExhausted) << gemm.status();
+  EXPECT_TRUE(absl::StrContains(gemm.status().message(), "--device_max_inflight_bytes"))
+      << gemm.status();
+  v1::GemmRequest small = MakeGemm(v1::FLOAT32, {.m = 33, .n = 33, .k = 7});
+  auto ok = client->Gemm(small);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(Passes(CheckGemm(small, *ok)));
+}
+
 }  // namespace
 }  // namespace gpucompute::testing

@@ -13,9 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "server/core/reference.h"
 #include "server/device/cpu_device.h"
 #include "tests/unit/core_test_util.h"
+#include "tests/unit/forwarding_device.h"
 
 namespace gpucompute {
 namespace {
@@ -322,7 +325,8 @@ TEST_F(EngineTest, EmptyOutputsRunNoShard) {
   EXPECT_EQ(r->output.num_elements(), 0);
 
   // No heads but an enormous query length: answered at once, no row loop.
-  testing::AttentionCase no_heads = testing::MakeAttention(DType::kFloat16, 0, 1, 1, 3, 1, 64, true);
+  testing::AttentionCase no_heads =
+      testing::MakeAttention(DType::kFloat16, 0, 1, 1, 3, 1, 64, true);
   no_heads.spec.seq_q = int64_t{1} << 50;
   no_heads.spec.out_shape = {0, 1, int64_t{1} << 50, 64};
   r = four_.Attention(no_heads.spec);
@@ -332,35 +336,17 @@ TEST_F(EngineTest, EmptyOutputsRunNoShard) {
 }
 
 // A CPU device that can be marked unhealthy or made to fail every GEMM.
-class FlakyDevice : public Device {
+class FlakyDevice : public testing::ForwardingDevice {
  public:
   FlakyDevice(std::unique_ptr<Device> inner, bool healthy, bool fail)
-      : inner_(std::move(inner)), healthy_(healthy), fail_(fail) {}
-  const DeviceDescription& description() const override { return inner_->description(); }
+      : ForwardingDevice(std::move(inner)), healthy_(healthy), fail_(fail) {}
   bool healthy() const override { return healthy_; }
-  std::vector<std::string> Variants(OpKind op) const override { return inner_->Variants(op); }
   absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* out) override {
     if (fail_) return absl::InternalError("device lost");
-    return inner_->Gemm(spec, rows, out);
-  }
-  absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* out) override {
-    return inner_->Gemv(spec, rows, out);
-  }
-  absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis, bool partial,
-                                  void* out) override {
-    return inner_->Reduce(spec, outer, axis, partial, out);
-  }
-  absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes, Range prefix,
-                                     void* out) override {
-    return inner_->Transpose(spec, prefix_axes, prefix, out);
-  }
-  absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
-                                     void* o_out, float* lse_out) override {
-    return inner_->Attention(spec, heads, q_rows, o_out, lse_out);
+    return ForwardingDevice::Gemm(spec, rows, out);
   }
 
  private:
-  std::unique_ptr<Device> inner_;
   bool healthy_, fail_;
 };
 
@@ -598,6 +584,144 @@ TEST_F(EngineTest, ConcurrentOperationsShareTheDevices) {
   for (int i = 0; i < four_.num_devices(); ++i) {
     EXPECT_EQ(four_.InflightShards(i), 0) << "device " << i;
   }
+}
+
+// Gated CPU devices (GEMMs wait for `open`) with in-flight byte bounds.
+std::vector<std::unique_ptr<Device>> GatedDevices(int n, std::atomic<int>& entered,
+                                                  std::atomic<bool>& open) {
+  std::vector<std::unique_ptr<Device>> devices;
+  for (std::unique_ptr<Device>& cpu : CreateCpuDevices(n, {})) {
+    devices.push_back(std::make_unique<GatedDevice>(std::move(cpu), entered, open));
+  }
+  return devices;
+}
+
+void WaitFor(const std::function<bool()>& done) {
+  for (absl::Time until = absl::Now() + absl::Seconds(30); !done() && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
+TEST(EngineAdmission, AShardOverItsDeviceBoundIsRefusedNamingTheFlag) {
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 100, 7, 7);
+  const int64_t bytes = static_cast<int64_t>(GemmWork(g.spec, Range{0, 100}).bytes);
+  Engine engine("cpu", CreateCpuDevices(2, {}), nullptr, {0, bytes - 1});
+  EXPECT_EQ(engine.MaxInflightBytes(0), 0);
+  EXPECT_EQ(engine.MaxInflightBytes(1), bytes - 1);
+  g.spec.options.devices = {1};
+  absl::StatusOr<OpResult> r = engine.Gemm(g.spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "--device_max_inflight_bytes of device 1"))
+      << r.status();
+  // Unbounded device 0 runs it; device 1 runs what fits.
+  g.spec.options.devices = {0};
+  r = engine.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  testing::GemmCase small = testing::MakeGemm(DType::kFloat32, 1, 50, 7, 7);
+  small.spec.options.devices = {1};
+  r = engine.Gemm(small.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), small.Reference(), 1e-5, 1e-5),
+            "");
+  EXPECT_EQ(engine.InflightBytes(1), 0);
+}
+
+TEST(EngineAdmission, WorkOverTheBoundWaitsForRoomThenRuns) {
+  std::atomic<int> entered{0};
+  std::atomic<bool> open{false};
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 100, 7, 7);
+  const int64_t bytes = static_cast<int64_t>(GemmWork(g.spec, Range{0, 100}).bytes);
+  // Room for one such GEMM at a time.
+  Engine engine("cpu", GatedDevices(1, entered, open), nullptr, {bytes + bytes / 2});
+  absl::StatusOr<OpResult> first, second;
+  std::thread a([&] { first = engine.Gemm(g.spec); });
+  WaitFor([&] { return entered.load() == 1; });
+  EXPECT_EQ(engine.InflightBytes(0), bytes);
+  std::thread b([&] { second = engine.Gemm(g.spec); });
+  // The second waits outside the device: it never enters while the first holds.
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(entered.load(), 1);
+  EXPECT_EQ(engine.InflightBytes(0), bytes);
+  open = true;
+  a.join();
+  b.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(entered.load(), 2);
+  EXPECT_GE(second->device_wait_seconds, 0.05);
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(second->output), g.Reference(), 1e-5, 1e-5),
+            "");
+  EXPECT_EQ(engine.InflightBytes(0), 0);
+}
+
+TEST(EngineAdmission, DeadlineAndCancellationEndTheWait) {
+  std::atomic<int> entered{0};
+  std::atomic<bool> open{false};
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 100, 7, 7);
+  const int64_t bytes = static_cast<int64_t>(GemmWork(g.spec, Range{0, 100}).bytes);
+  Engine engine("cpu", GatedDevices(1, entered, open), nullptr, {bytes});
+  absl::StatusOr<OpResult> first;
+  std::thread a([&] { first = engine.Gemm(g.spec); });
+  WaitFor([&] { return entered.load() == 1; });
+
+  testing::GemmCase late = g;
+  late.spec.options.deadline = absl::Now() + absl::Milliseconds(50);
+  absl::StatusOr<OpResult> r = engine.Gemm(late.spec);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "deadline passed")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "--device_max_inflight_bytes of device 0"))
+      << r.status();
+
+  std::atomic<bool> gone{false};
+  testing::GemmCase cancelled = g;
+  cancelled.spec.options.cancelled = [&gone] { return gone.load(); };
+  std::thread c([&] { r = engine.Gemm(cancelled.spec); });
+  absl::SleepFor(absl::Milliseconds(50));
+  gone = true;
+  c.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+
+  open = true;
+  a.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(entered.load(), 1);  // neither refused operation reached the device
+  EXPECT_EQ(engine.InflightBytes(0), 0);
+}
+
+TEST(EngineAdmission, OperationsOverSeveralBoundedDevicesNeverDeadlock) {
+  // Each device has room for one shard of these at a time. Operations over
+  // both devices, named in either order, and over one device all finish; a
+  // wait cycle would end in the deadline's error instead.
+  const int64_t shard_bytes = static_cast<int64_t>(
+      GemmWork(testing::MakeGemm(DType::kFloat32, 1, 200, 33, 65).spec, Range{0, 100}).bytes);
+  Engine engine("cpu", CreateCpuDevices(2, {}), nullptr,
+                {shard_bytes + shard_bytes / 2, shard_bytes + shard_bytes / 2});
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 9; ++t) {
+    threads.emplace_back([&, t] {
+      // Two shards of 100 rows (either order), or one shard of 100 rows.
+      testing::GemmCase mine =
+          testing::MakeGemm(DType::kFloat32, 1, t % 3 == 2 ? 100 : 200, 33, 65);
+      mine.spec.options.devices = t % 3 == 0   ? std::vector<int>{0, 1}
+                                  : t % 3 == 1 ? std::vector<int>{1, 0}
+                                               : std::vector<int>{t % 2};
+      for (int i = 0; i < 10; ++i) {
+        mine.spec.options.deadline = absl::Now() + absl::Seconds(10);
+        absl::StatusOr<OpResult> r = engine.Gemm(mine.spec);
+        if (!r.ok() ||
+            !reference::CompareClose(testing::Doubles(r->output), mine.Reference(), 1e-4, 1e-5)
+                 .empty()) {
+          ++failures;
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(engine.InflightBytes(0), 0);
+  EXPECT_EQ(engine.InflightBytes(1), 0);
 }
 
 }  // namespace

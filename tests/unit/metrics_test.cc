@@ -107,6 +107,7 @@ TEST(MetricsTest, EveryFamilyExistsWithConventionalNames) {
       {"gpucompute_device_memory_used_bytes", "gauge"},
       {"gpucompute_device_memory_total_bytes", "gauge"},
       {"gpucompute_device_inflight_shards", "gauge"},
+      {"gpucompute_device_inflight_bytes", "gauge"},
       {"gpucompute_device_healthy", "gauge"},
       {"gpucompute_device_peer_access", "gauge"},
   };
@@ -252,6 +253,7 @@ TEST(MetricsTest, RefreshDrivesDeviceGaugesAndPeersAreListed) {
       states[i].memory_used_bytes = (i + 1) * 1000 + calls;
       states[i].memory_total_bytes = 1 << 20;
       states[i].inflight_shards = i + calls;
+      states[i].inflight_bytes = 100 * i + calls;
       states[i].healthy = i != 1;
     }
     return states;
@@ -262,6 +264,7 @@ TEST(MetricsTest, RefreshDrivesDeviceGaugesAndPeersAreListed) {
   EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_used_bytes{device="1"})"), 2001);
   EXPECT_EQ(Sample(text, R"(gpucompute_device_memory_total_bytes{device="1"})"), 1 << 20);
   EXPECT_EQ(Sample(text, R"(gpucompute_device_inflight_shards{device="1"})"), 2);
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_inflight_bytes{device="1"})"), 101);
   EXPECT_EQ(Sample(text, R"(gpucompute_device_healthy{device="0"})"), 1);
   EXPECT_EQ(Sample(text, R"(gpucompute_device_healthy{device="1"})"), 0);
   EXPECT_FALSE(absl::StrContains(text, R"(device="2")")) << text;

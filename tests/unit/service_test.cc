@@ -21,12 +21,13 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "server/core/admission.h"
 #include "server/core/reference.h"
-#include "server/service/admission.h"
 #include "server/service/convert.h"
 #include "server/service/devices.h"
 #include "server/service/server.h"
 #include "server/service/worker_pool.h"
+#include "tests/unit/forwarding_device.h"
 
 namespace gpucompute {
 namespace {
@@ -223,6 +224,8 @@ TEST(ServerCreateTest, RejectsBadOptionsNamingTheFlag) {
       absl::StatusCode::kInvalidArgument, "--max_message_bytes");
   add([](ServerOptions& o) { o.max_inflight_bytes = -1; }, absl::StatusCode::kInvalidArgument,
       "--max_inflight_bytes");
+  add([](ServerOptions& o) { o.device_max_inflight_bytes = -2; },
+      absl::StatusCode::kInvalidArgument, "--device_max_inflight_bytes");
   add([](ServerOptions& o) { o.listen = ""; }, absl::StatusCode::kInvalidArgument, "--listen");
   // Without a GPU (or without CUDA in the build) the CUDA backend is refused.
   if (!CudaAvailable()) {
@@ -471,7 +474,8 @@ TEST_F(ServerTest, BatchReadAheadIsBoundedByBytesAndEveryItemIsAnswered) {
     ASSERT_EQ(response.code(), 0) << response.message();
     const std::vector<double> got = Doubles(response.reduce().output());
     ASSERT_EQ(got.size(), 1u);
-    EXPECT_NEAR(got[0], want.at(response.id())[0], 1e-3 * (1 + std::abs(want.at(response.id())[0])));
+    EXPECT_NEAR(got[0], want.at(response.id())[0],
+                1e-3 * (1 + std::abs(want.at(response.id())[0])));
   }
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(answered, kItems);
@@ -586,6 +590,95 @@ TEST_F(ServerTest, HealthServingAndDrainAnswersInFlightAndRefusesNew) {
   EXPECT_TRUE(slow_status.ok()) << slow_status.error_message();
   EXPECT_EQ(slow_response.c().shape_size(), 2);
   server_->Wait();  // returns at once after Shutdown
+}
+
+// A CPU device that fails its GEMMs for good, as a GPU with a sticky error:
+// the first failure marks it unhealthy.
+class DyingDevice : public testing::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  bool healthy() const override { return healthy_.load(); }
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* out) override {
+    healthy_ = false;
+    return absl::InternalError("device lost");
+  }
+
+ private:
+  std::atomic<bool> healthy_{true};
+};
+
+// Two CPU devices; the first `dying` of them are DyingDevices.
+DeviceSet DevicesWithDying(int dying) {
+  BackendOptions backend;
+  backend.backend = "cpu";
+  backend.cpu_devices = 2;
+  absl::StatusOr<DeviceSet> set = CreateDevices(backend);
+  EXPECT_TRUE(set.ok()) << set.status();
+  for (int i = 0; i < dying; ++i) {
+    set->devices[i] = std::make_unique<DyingDevice>(std::move(set->devices[i]));
+  }
+  return *std::move(set);
+}
+
+class DeviceFailureTest : public ServerTest {
+ protected:
+  void StartOver(DeviceSet devices) {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.metrics_listen = "";
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options, std::move(devices));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_TRUE(server_->Start().ok());
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::Compute::NewStub(channel_);
+  }
+
+  grpc::Status Gemm(v1::GemmResponse* response) {
+    v1::GemmRequest request;
+    *request.mutable_a() = RandomTensor({64, 9}, rng_);
+    *request.mutable_b() = RandomTensor({9, 5}, rng_);
+    return stub_->Gemm(Context().get(), request, response);
+  }
+
+  std::string Health() {
+    std::string health;
+    EXPECT_TRUE(HealthCheck(channel_.get(), "gpucompute.v1.Compute", &health).ok());
+    return health;
+  }
+};
+
+TEST_F(DeviceFailureTest, AFailedDeviceSendsWorkToTheOthersAndHealthStaysServing) {
+  StartOver(DevicesWithDying(1));
+  v1::GemmResponse response;
+  grpc::Status status = Gemm(&response);  // split over both: device 0 fails for good
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL) << status.error_message();
+  EXPECT_EQ(status.error_message(), "device lost");
+  EXPECT_EQ(Health(), std::string("\x08\x01", 2));  // SERVING: device 1 is left
+
+  status = Gemm(&response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.timings().shards_size(), 1);
+  EXPECT_EQ(response.timings().shards(0).device(), 1);
+  v1::ServerInfoResponse info;
+  ASSERT_TRUE(stub_->GetServerInfo(Context().get(), v1::ServerInfoRequest(), &info).ok());
+  ASSERT_EQ(info.devices_size(), 2);
+  EXPECT_FALSE(info.devices(0).healthy());
+  EXPECT_TRUE(info.devices(1).healthy());
+}
+
+TEST_F(DeviceFailureTest, HealthTurnsNotServingWhenNoDeviceIsLeft) {
+  StartOver(DevicesWithDying(2));
+  EXPECT_EQ(Health(), std::string("\x08\x01", 2));  // SERVING
+  v1::GemmResponse response;
+  grpc::Status status = Gemm(&response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL) << status.error_message();
+  EXPECT_EQ(Health(), std::string("\x08\x02", 2));  // NOT_SERVING
+  status = Gemm(&response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "no healthy device"))
+      << status.error_message();
 }
 
 }  // namespace

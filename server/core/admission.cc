@@ -1,4 +1,4 @@
-#include "server/service/admission.h"
+#include "server/core/admission.h"
 
 #include <algorithm>
 #include <utility>
@@ -30,7 +30,8 @@ void Admission::Ticket::Release() {
   bytes_ = 0;
 }
 
-Admission::Admission(int64_t max_inflight_bytes) : limit_(max_inflight_bytes) {}
+Admission::Admission(int64_t max_inflight_bytes, std::string limit_name)
+    : limit_(max_inflight_bytes), limit_name_(std::move(limit_name)) {}
 
 bool Admission::Fits(int64_t bytes) const { return limit_ <= 0 || inflight_ + bytes <= limit_; }
 
@@ -38,9 +39,9 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(int64_t bytes, absl::Time dea
                                                    absl::FunctionRef<bool()> cancelled) {
   if (limit_ > 0 && bytes > limit_) {
     return absl::ResourceExhaustedError(absl::StrCat("the request holds ", bytes,
-                                                     " bytes while it runs, more than the server's "
+                                                     " bytes while it runs, more than the "
                                                      "in-flight limit of ",
-                                                     limit_, " bytes (--max_inflight_bytes)"));
+                                                     limit_, " bytes (", limit_name_, ")"));
   }
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
@@ -55,16 +56,16 @@ absl::StatusOr<Admission::Ticket> Admission::Admit(int64_t bytes, absl::Time dea
   while (!ready()) {
     if (cancelled()) {
       leave_line();
-      return absl::CancelledError("cancelled while waiting for admission");
+      return absl::CancelledError(
+          absl::StrCat("cancelled while waiting for admission (", limit_name_, ")"));
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       leave_line();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("deadline passed after ", absl::FormatDuration(now - start),
-                       " waiting for room under the in-flight limit of ", limit_,
-                       " bytes (--max_inflight_bytes); this request holds ", bytes, " bytes and ",
-                       inflight_, " are in flight"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "deadline passed after ", absl::FormatDuration(now - start),
+          " waiting for room under the in-flight limit of ", limit_, " bytes (", limit_name_,
+          "); this request holds ", bytes, " bytes and ", inflight_, " are in flight"));
     }
     mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, now + kPollInterval));
   }

@@ -1,10 +1,13 @@
-// Admission control on the bytes of requests being served at once
-// (--max_inflight_bytes): bounded memory under load.
-#ifndef GPUCOMPUTE_SERVER_SERVICE_ADMISSION_H_
-#define GPUCOMPUTE_SERVER_SERVICE_ADMISSION_H_
+// Admission control on bytes in flight: the server's bound on the bytes of
+// requests served at once (--max_inflight_bytes) and each device's bound on
+// the bytes of the shards it holds (--device_max_inflight_bytes). Bounded
+// memory under load; first come, first served.
+#ifndef GPUCOMPUTE_SERVER_CORE_ADMISSION_H_
+#define GPUCOMPUTE_SERVER_CORE_ADMISSION_H_
 
 #include <cstdint>
 #include <deque>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -40,8 +43,9 @@ class Admission {
     double wait_seconds_ = 0;
   };
 
-  // `max_inflight_bytes` <= 0 admits everything at once.
-  explicit Admission(int64_t max_inflight_bytes);
+  // `max_inflight_bytes` <= 0 admits everything at once. `limit_name` says in
+  // error messages which limit refused (e.g. "--max_inflight_bytes").
+  explicit Admission(int64_t max_inflight_bytes, std::string limit_name = "--max_inflight_bytes");
   // REQUIRES: no ticket outlives the Admission.
   ~Admission() = default;
   Admission(const Admission&) = delete;
@@ -49,10 +53,10 @@ class Admission {
 
   // Admits a request that holds `bytes` while it runs. Requests are admitted
   // in arrival order: each waits until it is first in line and fits beside
-  // those in flight. Errors: RESOURCE_EXHAUSTED at once when `bytes` alone
-  // exceeds the limit, RESOURCE_EXHAUSTED naming the limit when `deadline`
-  // passes first, CANCELLED when `cancelled()` turns true while waiting
-  // (polled every few milliseconds).
+  // those in flight. Errors (each naming the limit): RESOURCE_EXHAUSTED at
+  // once when `bytes` alone exceeds the limit, RESOURCE_EXHAUSTED when
+  // `deadline` passes first, CANCELLED when `cancelled()` turns true while
+  // waiting (polled every few milliseconds).
   absl::StatusOr<Ticket> Admit(int64_t bytes, absl::Time deadline,
                                absl::FunctionRef<bool()> cancelled);
 
@@ -67,6 +71,7 @@ class Admission {
   void Return(int64_t bytes);
 
   const int64_t limit_;
+  const std::string limit_name_;
   mutable absl::Mutex mu_;
   int64_t inflight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
@@ -75,4 +80,4 @@ class Admission {
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_SERVICE_ADMISSION_H_
+#endif  // GPUCOMPUTE_SERVER_CORE_ADMISSION_H_
