@@ -58,6 +58,12 @@ bool Engine::AnyHealthy() const {
                      [](const std::unique_ptr<Device>& d) { return d->healthy(); });
 }
 
+int64_t Engine::RowGranularity(OpKind op) const {
+  int64_t rows = 1;
+  for (const std::unique_ptr<Device>& d : devices_) rows = std::max(rows, d->RowGranularity(op));
+  return rows;
+}
+
 std::vector<std::string> Engine::Variants(OpKind op) const {
   std::vector<std::string> all;
   for (const std::unique_ptr<Device>& d : devices_) {
@@ -229,7 +235,9 @@ absl::StatusOr<OpResult> Engine::RunPartitioned(
 absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
   return RunPartitioned(
       OpKind::kGemm, spec.dtype, spec.options, spec.out_shape,
-      [&](absl::Span<const double> weights) { return PlanGemm(spec, weights); },
+      [&, rows = RowGranularity(OpKind::kGemm)](absl::Span<const double> weights) {
+        return PlanGemm(spec, weights, rows);
+      },
       [&](const ShardPlan&, const Shard& shard) { return GemmWork(spec, shard.range); },
       [&](Device& device, const ShardPlan&, const Shard& shard, void* out) {
         return device.Gemm(spec, shard.range, out);
@@ -239,7 +247,9 @@ absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
 absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
   return RunPartitioned(
       OpKind::kGemv, spec.dtype, spec.options, spec.out_shape,
-      [&](absl::Span<const double> weights) { return PlanGemv(spec, weights); },
+      [&, rows = RowGranularity(OpKind::kGemv)](absl::Span<const double> weights) {
+        return PlanGemv(spec, weights, rows);
+      },
       [&](const ShardPlan&, const Shard& shard) { return GemvWork(spec, shard.range); },
       [&](Device& device, const ShardPlan&, const Shard& shard, void* out) {
         return device.Gemv(spec, shard.range, out);

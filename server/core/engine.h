@@ -98,6 +98,9 @@ class Engine {
   // Resolves options.devices (or every healthy device) into the candidate
   // indices; validates options.variant against them.
   absl::StatusOr<std::vector<int>> SelectDevices(OpKind op, const OpOptions& options) const;
+  // The largest Device::RowGranularity(op) of the devices: GEMM and GEMV
+  // shards begin at multiples of it on any of them.
+  int64_t RowGranularity(OpKind op) const;
   // Chooses the devices that run an operation among `candidates` by their
   // weights and their costs for `op` on `dtype` (PlaceByCost) and plans it
   // over them. The placement's devices are device indices, like candidates.

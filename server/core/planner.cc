@@ -64,12 +64,14 @@ std::vector<Shard> SplitByWeight(int64_t extent, absl::Span<const double> weight
   return shards;
 }
 
-ShardPlan PlanGemm(const GemmSpec& spec, absl::Span<const double> weights) {
-  return MakePlan("rows", spec.m, weights);
+ShardPlan PlanGemm(const GemmSpec& spec, absl::Span<const double> weights,
+                   int64_t row_granularity) {
+  return MakePlan("rows", spec.m, weights, row_granularity);
 }
 
-ShardPlan PlanGemv(const GemvSpec& spec, absl::Span<const double> weights) {
-  return MakePlan("rows", spec.m, weights);
+ShardPlan PlanGemv(const GemvSpec& spec, absl::Span<const double> weights,
+                   int64_t row_granularity) {
+  return MakePlan("rows", spec.m, weights, row_granularity);
 }
 
 ShardPlan PlanReduce(const ReduceSpec& spec, absl::Span<const double> weights) {

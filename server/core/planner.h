@@ -57,8 +57,13 @@ struct ShardPlan {
 inline constexpr int64_t kReduceChunk = int64_t{1} << 15;
 
 // Per-operation plans. `weights` has one entry per participating device.
-ShardPlan PlanGemm(const GemmSpec& spec, absl::Span<const double> weights);
-ShardPlan PlanGemv(const GemvSpec& spec, absl::Span<const double> weights);
+// GEMM and GEMV shards begin at multiples of `row_granularity` rows
+// (Device::RowGranularity), so that each shard's packed operands keep the
+// alignment the devices' kernels need.
+ShardPlan PlanGemm(const GemmSpec& spec, absl::Span<const double> weights,
+                   int64_t row_granularity = 1);
+ShardPlan PlanGemv(const GemvSpec& spec, absl::Span<const double> weights,
+                   int64_t row_granularity = 1);
 // Splits `outer` when it has at least as many rows as devices, or at least
 // as many rows as the reduced axis has chunks ("outer"); otherwise splits the
 // reduced axis in whole chunks ("axis") and chunk partials are combined.

@@ -22,13 +22,13 @@ namespace gpucompute {
 
 // What a device is; reported by GetServerInfo.
 struct DeviceDescription {
-  int index = 0;             // position in the server's device list
-  std::string kind;          // "cpu" or "cuda"
+  int index = 0;     // position in the server's device list
+  std::string kind;  // "cpu" or "cuda"
   std::string name;
   int64_t memory_bytes = 0;
-  int compute_units = 0;     // SMs or worker threads
-  double weight = 1.0;       // relative compute weight for sharding
-  std::vector<int> peers;    // devices reachable by peer access
+  int compute_units = 0;   // SMs or worker threads
+  double weight = 1.0;     // relative compute weight for sharding
+  std::vector<int> peers;  // devices reachable by peer access
 };
 
 // What one shard cost.
@@ -69,6 +69,12 @@ class Device {
   // The default has no fixed cost, so every operation is split over every
   // candidate device, as the CPU backend does.
   virtual DeviceCost Cost(OpKind op, DType dtype) const { return {}; }
+
+  // Shards of `op` that split rows (GEMM, GEMV) begin at multiples of this
+  // many rows: a GPU packs a shard's transposed A with the shard's row count
+  // as its leading dimension, and its vector and TMA kernels need that
+  // 16-byte aligned. The default, 1, lets a shard begin at any row.
+  virtual int64_t RowGranularity(OpKind op) const { return 1; }
 
   // Variant names this device accepts for `op`, fastest first.
   virtual std::vector<std::string> Variants(OpKind op) const = 0;
@@ -125,8 +131,8 @@ class Device {
   // Query rows `q_rows` of the (batch, head_q) pairs `heads` (flattened
   // b * heads_q + h) into `o_out`, and into `lse_out` (float [B, Hq, Sq])
   // when it is not null.
-  virtual absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads,
-                                             Range q_rows, void* o_out, float* lse_out) = 0;
+  virtual absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
+                                             void* o_out, float* lse_out) = 0;
 };
 
 }  // namespace gpucompute

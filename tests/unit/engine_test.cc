@@ -724,5 +724,37 @@ TEST(EngineAdmission, OperationsOverSeveralBoundedDevicesNeverDeadlock) {
   EXPECT_EQ(engine.InflightBytes(1), 0);
 }
 
+// A CPU device whose GEMM and GEMV shards begin at multiples of 8 rows, as a GPU's.
+class EightRowDevice : public testing::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  int64_t RowGranularity(OpKind op) const override {
+    return op == OpKind::kGemm || op == OpKind::kGemv ? 8 : 1;
+  }
+};
+
+TEST(EngineGranularity, RowShardsBeginWhereTheDevicesNeedThem) {
+  std::vector<std::unique_ptr<Device>> devices;
+  for (std::unique_ptr<Device>& cpu : CreateCpuDevices(4, {1, 1, 2, 2})) {
+    devices.push_back(std::make_unique<EightRowDevice>(std::move(cpu)));
+  }
+  Engine engine("cpu", std::move(devices));
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat16, 2, 101, 33, 17, /*trans_a=*/true);
+  absl::StatusOr<OpResult> r = engine.Gemm(g.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->shards.size(), 4u);
+  for (const ShardTiming& s : r->shards) EXPECT_EQ(s.range.begin % 8, 0) << s.range.begin;
+  EXPECT_EQ(r->shards.back().range.end, 101);
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), g.Reference(), 1e-2, 1e-2), "");
+
+  testing::GemvCase v = testing::MakeGemv(DType::kBFloat16, 99, 40, 3);
+  r = engine.Gemv(v.spec);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->shards.size(), 4u);
+  for (const ShardTiming& s : r->shards) EXPECT_EQ(s.range.begin % 8, 0) << s.range.begin;
+  EXPECT_EQ(r->shards.back().range.end, 99);
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(r->output), v.Reference(), 2e-2, 2e-2), "");
+}
+
 }  // namespace
 }  // namespace gpucompute

@@ -125,6 +125,29 @@ TEST(Plans, GemmAndGemvSplitRowsOfTheOutput) {
   EXPECT_EQ(p.shards.size(), 3u);
 }
 
+TEST(Plans, GemmAndGemvShardsBeginAtTheRowGranularity) {
+  GemmSpec g;
+  g.m = 1000;
+  g.n = g.k = 7;
+  GemvSpec v;
+  v.m = 1001;
+  v.k = 7;
+  for (const auto& [p, m] :
+       {std::pair{PlanGemm(g, kFour, 8), g.m}, std::pair{PlanGemv(v, kFour, 8), v.m}}) {
+    ExpectExactCover(p.shards, m, 4);
+    ASSERT_EQ(p.shards.size(), 4u);
+    for (const Shard& s : p.shards) EXPECT_EQ(s.range.begin % 8, 0) << s.range.begin;
+    // Still about 1:1:2:2 (within one unit of 8 rows).
+    EXPECT_NEAR(double(p.shards[0].range.size()), m / 6.0, 8);
+    EXPECT_NEAR(double(p.shards[3].range.size()), m / 3.0, 8);
+  }
+  // Fewer rows than one unit per device: one shard holds them all.
+  g.m = 7;
+  ShardPlan p = PlanGemm(g, kFour, 8);
+  ASSERT_EQ(p.shards.size(), 1u);
+  EXPECT_EQ(p.shards[0].range, (Range{0, 7}));
+}
+
 TEST(Plans, ReduceSplitsOuterRowsOrTheAxisInWholeChunks) {
   ReduceSpec r;
   r.outer = 33;

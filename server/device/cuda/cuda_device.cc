@@ -152,8 +152,8 @@ struct CudaDevice::ShardScope {
   // Device memory of `bytes` (at least 1) from the device pool, in stream order.
   absl::StatusOr<void*> Alloc(size_t bytes) {
     void* p = nullptr;
-    cudaError_t err = cudaMallocFromPoolAsync(&p, std::max<size_t>(bytes, 256), device->pool_,
-                                              lane->stream());
+    cudaError_t err =
+        cudaMallocFromPoolAsync(&p, std::max<size_t>(bytes, 256), device->pool_, lane->stream());
     if (err != cudaSuccess) {
       cudaGetLastError();
       return device->Check(err, absl::StrCat("device allocation of ", bytes, " bytes"));
@@ -209,8 +209,8 @@ struct CudaDevice::ShardScope {
   absl::Status AddKernelTime() {
     RETURN_IF_ERROR(device->Check(cudaEventSynchronize(kernel_end), "kernel completion"));
     float ms = 0;
-    RETURN_IF_ERROR(device->Check(cudaEventElapsedTime(&ms, kernel_begin, kernel_end),
-                                  "cudaEventElapsedTime"));
+    RETURN_IF_ERROR(
+        device->Check(cudaEventElapsedTime(&ms, kernel_begin, kernel_end), "cudaEventElapsedTime"));
     kernel_seconds += ms * 1e-3;
     return absl::OkStatus();
   }
@@ -260,9 +260,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal, int 
 
   RETURN_IF_ERROR(CudaStatus(cudaDeviceGetDefaultMemPool(&d->pool_, ordinal), "memory pool"));
   uint64_t threshold = options.pool_release_threshold_bytes;
-  RETURN_IF_ERROR(CudaStatus(
-      cudaMemPoolSetAttribute(d->pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
-      "memory pool release threshold"));
+  RETURN_IF_ERROR(
+      CudaStatus(cudaMemPoolSetAttribute(d->pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
+                 "memory pool release threshold"));
 
   for (int i = 0; i < std::max(1, options.lanes); ++i) {
     ASSIGN_OR_RETURN(auto lane,
@@ -340,6 +340,10 @@ DeviceCost CudaDevice::Cost(OpKind op, DType dtype) const {
   return cost;
 }
 
+int64_t CudaDevice::RowGranularity(OpKind op) const {
+  return op == OpKind::kGemm || op == OpKind::kGemv ? 8 : 1;
+}
+
 std::vector<std::string> CudaDevice::Variants(OpKind op) const {
   switch (op) {
     case OpKind::kGemm:
@@ -362,10 +366,11 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
   if (s.k == 0) {  // an empty product: C = beta * C (the kernels need K >= 1)
     for (int64_t i = 0; i < s.batch; ++i) {
       const int64_t c_batch = s.c_batched ? i : 0;
-      ScaleRowsOnHost(s.c ? &*s.c : nullptr, s.dtype, (c_batch * s.m + rows.begin) * s.n, s.beta,
-                      s.options.output_dtype, Ptr(c_out, (i * s.m + rows.begin) * s.n *
-                                                             int64_t(DTypeSize(s.options.output_dtype))),
-                      mr * s.n);
+      ScaleRowsOnHost(
+          s.c ? &*s.c : nullptr, s.dtype, (c_batch * s.m + rows.begin) * s.n, s.beta,
+          s.options.output_dtype,
+          Ptr(c_out, (i * s.m + rows.begin) * s.n * int64_t(DTypeSize(s.options.output_dtype))),
+          mr * s.n);
     }
     return ShardRun{};
   }
@@ -440,8 +445,8 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
     ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
   }
   RETURN_IF_ERROR(scope.BeginKernels());
-  RETURN_IF_ERROR(scope.EndKernels(k::LaunchGemm(args, variant, ws, scope.lane->stream()),
-                                   "gemm launch"));
+  RETURN_IF_ERROR(
+      scope.EndKernels(k::LaunchGemm(args, variant, ws, scope.lane->stream()), "gemm launch"));
   const size_t eo = DTypeSize(out_t);
   if (c_t == out_t) {
     RETURN_IF_ERROR(scope.Download(Ptr(c_out, rows.begin * s.n * eo), size_t(s.m * s.n) * eo, c,
@@ -450,8 +455,8 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
     std::vector<float> tmp(size_t(s.batch * mr * s.n));
     RETURN_IF_ERROR(scope.Download(tmp.data(), 0, c, 1, tmp.size() * 4));
     for (int64_t i = 0; i < s.batch; ++i)
-      FromFloat(out_t, tmp.data() + i * mr * s.n,
-                Ptr(c_out, (i * s.m + rows.begin) * s.n * eo), mr * s.n);
+      FromFloat(out_t, tmp.data() + i * mr * s.n, Ptr(c_out, (i * s.m + rows.begin) * s.n * eo),
+                mr * s.n);
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
   const double bytes = double(batch_a * mr * s.k + batch_b * s.k * s.n) * es +
@@ -521,8 +526,8 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y
     ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
   }
   RETURN_IF_ERROR(scope.BeginKernels());
-  RETURN_IF_ERROR(scope.EndKernels(k::LaunchGemv(args, variant, ws, scope.lane->stream()),
-                                   "gemv launch"));
+  RETURN_IF_ERROR(
+      scope.EndKernels(k::LaunchGemv(args, variant, ws, scope.lane->stream()), "gemv launch"));
   const size_t eo = DTypeSize(out_t);
   void* dst = Ptr(y_out, rows.begin * s.ncols * eo);
   if (y_t == out_t) {
@@ -533,8 +538,8 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y
     FromFloat(out_t, tmp.data(), dst, mr * s.ncols);
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  const double bytes = double(mr * s.k + s.k * s.ncols) * es +
-                       double(mr * s.ncols) * eo * (s.beta != 0 ? 2 : 1);
+  const double bytes =
+      double(mr * s.k + s.k * s.ncols) * es + double(mr * s.ncols) * eo * (s.beta != 0 ? 2 : 1);
   return scope.Run(variant, bytes, 2.0 * double(mr) * s.k * s.ncols);
 }
 
@@ -580,9 +585,9 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
   const std::string& variant = s.options.variant;
   k::Support support = k::CanImplementReduce(args, variant);
   if (!support) return Refused("reduce", variant, support.reason);
-  RETURN_IF_ERROR(scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
-                               size_t(no), size_t(na * s.inner) * es,
-                               size_t(s.axis_len * s.inner) * es));
+  RETURN_IF_ERROR(
+      scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
+                   size_t(no), size_t(na * s.inner) * es, size_t(s.axis_len * s.inner) * es));
   size_t ws_bytes = k::ReduceWorkspaceBytes(args, variant);
   void* ws = nullptr;
   if (ws_bytes) {
@@ -590,8 +595,8 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
     RETURN_IF_ERROR(Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.lane->stream()), "memset"));
   }
   RETURN_IF_ERROR(scope.BeginKernels());
-  RETURN_IF_ERROR(scope.EndKernels(k::LaunchReduce(args, variant, ws, scope.lane->stream()),
-                                   "reduce launch"));
+  RETURN_IF_ERROR(
+      scope.EndKernels(k::LaunchReduce(args, variant, ws, scope.lane->stream()), "reduce launch"));
   RETURN_IF_ERROR(scope.Download(partial ? out : Ptr(out, outer.begin * s.inner * eo), 0, o, 1,
                                  size_t(n_out) * eo));
   RETURN_IF_ERROR(scope.AddKernelTime());
@@ -620,9 +625,9 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
   ASSIGN_OR_RETURN(void* in, scope.Alloc(size_t(no * na * s.inner) * es));
   // Device partials as [outer][chunk][inner]; the caller wants [chunk][outer][inner].
   ASSIGN_OR_RETURN(void* part, scope.Alloc(size_t(no * chunks * s.inner) * 4));
-  RETURN_IF_ERROR(scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
-                               size_t(no), size_t(na * s.inner) * es,
-                               size_t(s.axis_len * s.inner) * es));
+  RETURN_IF_ERROR(
+      scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
+                   size_t(no), size_t(na * s.inner) * es, size_t(s.axis_len * s.inner) * es));
   // One workspace serves every launch: they run in stream order. The
   // version the kernels pick (and so the workspace) depends on the pointers,
   // so the query sees real ones.
@@ -734,8 +739,8 @@ absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefi
   if (!support) return Refused("transpose", variant, support.reason);
   RETURN_IF_ERROR(scope.Upload(in, src, up_rows, up_row_bytes, up_pitch));
   RETURN_IF_ERROR(scope.BeginKernels());
-  RETURN_IF_ERROR(scope.EndKernels(k::LaunchPermute(args, variant, scope.lane->stream()),
-                                   "transpose launch"));
+  RETURN_IF_ERROR(
+      scope.EndKernels(k::LaunchPermute(args, variant, scope.lane->stream()), "transpose launch"));
   const int64_t n_out = prefix.size() * out_inner;
   const void* o_part = Ptr(o, out_offset_units * out_inner * es);
   void* dst = Ptr(out, prefix.begin * out_inner * eo);
@@ -760,8 +765,7 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
   const DType in_t = s.dtype, out_t = s.options.output_dtype;
   const size_t es = DTypeSize(in_t), eo = DTypeSize(out_t);
   // Keys any of these query rows can see (bottom-right causal alignment).
-  const int64_t skv =
-      s.causal ? std::min(s.seq_kv, q_rows.end + s.seq_kv - s.seq_q) : s.seq_kv;
+  const int64_t skv = s.causal ? std::min(s.seq_kv, q_rows.end + s.seq_kv - s.seq_q) : s.seq_kv;
 
   // Pieces: (batch, first head, head count) with whole kv groups, or part of
   // one group. Whole batches in a row go as one launch.
@@ -806,7 +810,8 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
   // whole score matrix of a piece) stays modest.
   std::string variant = s.options.variant;
   if (variant.empty() && in_t == DType::kFloat32 &&
-      double(s.batch * s.heads_q) * qn * std::max<int64_t>(skv, 1) * 4 <= double(kMaxFp32ScoreBytes)) {
+      double(s.batch * s.heads_q) * qn * std::max<int64_t>(skv, 1) * 4 <=
+          double(kMaxFp32ScoreBytes)) {
     variant = "reference";
   }
   double flops = 0, bytes = 0;
@@ -849,10 +854,10 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     const size_t q_row = size_t(qn * d) * es, kv_row = size_t(skv * d) * es;
     for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
       const int64_t i = b - p.b0;
-      RETURN_IF_ERROR(scope.Upload(
-          Ptr(q, i * p.nh * qn * d * es),
-          Ptr(s.q.data, ((b * hq + p.h0) * s.seq_q + q_rows.begin) * d * es), size_t(p.nh), q_row,
-          size_t(s.seq_q * d) * es));
+      RETURN_IF_ERROR(
+          scope.Upload(Ptr(q, i * p.nh * qn * d * es),
+                       Ptr(s.q.data, ((b * hq + p.h0) * s.seq_q + q_rows.begin) * d * es),
+                       size_t(p.nh), q_row, size_t(s.seq_q * d) * es));
       const int64_t kv_off = (b * s.heads_kv + kv0) * s.seq_kv * d * es;
       RETURN_IF_ERROR(scope.Upload(Ptr(kk, i * nkv * skv * d * es), Ptr(s.k.data, kv_off),
                                    size_t(nkv), kv_row, size_t(s.seq_kv * d) * es));
@@ -865,8 +870,8 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
       ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
     }
     RETURN_IF_ERROR(scope.BeginKernels());
-    RETURN_IF_ERROR(scope.EndKernels(
-        k::LaunchAttention(args, variant, ws, scope.lane->stream()), "attention launch"));
+    RETURN_IF_ERROR(scope.EndKernels(k::LaunchAttention(args, variant, ws, scope.lane->stream()),
+                                     "attention launch"));
     for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
       const int64_t i = b - p.b0;
       const int64_t row0 = (b * hq + p.h0) * s.seq_q + q_rows.begin;
@@ -883,8 +888,8 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
         }
       }
       if (lse_out) {
-        RETURN_IF_ERROR(scope.Download(lse_out + row0, size_t(s.seq_q) * 4,
-                                       lse + i * p.nh * qn, size_t(p.nh), size_t(qn) * 4));
+        RETURN_IF_ERROR(scope.Download(lse_out + row0, size_t(s.seq_q) * 4, lse + i * p.nh * qn,
+                                       size_t(p.nh), size_t(qn) * 4));
       }
     }
     RETURN_IF_ERROR(scope.AddKernelTime());
@@ -933,8 +938,8 @@ absl::StatusOr<Calibration> Calibrate(CudaDevice& device) {
     cudaGetLastError();
   };
   cudaError_t err = cudaSuccess;
-  for (auto [p, sz] : {std::pair{&a, bytes}, {&b, bytes}, {&c, bytes}, {&src, copy_bytes},
-                       {&dst, copy_bytes}})
+  for (auto [p, sz] :
+       {std::pair{&a, bytes}, {&b, bytes}, {&c, bytes}, {&src, copy_bytes}, {&dst, copy_bytes}})
     if (err == cudaSuccess) err = cudaMalloc(p, sz);
   if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   for (cudaEvent_t* e : {&e0, &e1, &e2})

@@ -58,6 +58,10 @@ class CudaDevice : public Device {
   // and host staging rate; device memory and tensor-core rates as calibrated
   // by CreateCudaDevices where it calibrated, else the H200's.
   DeviceCost Cost(OpKind op, DType dtype) const override;
+  // 8 rows for GEMM and GEMV: 16 bytes of any dtype, the alignment of a
+  // packed transposed A's leading dimension that the vector and TMA kernels
+  // need.
+  int64_t RowGranularity(OpKind op) const override;
   std::vector<std::string> Variants(OpKind op) const override;
 
   absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) override;
