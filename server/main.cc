@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "grpc/grpc.h"
+#include "server/common/host_memory.h"
 #include "server/service/server.h"
 
 namespace {
@@ -46,6 +47,9 @@ ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
 ABSL_FLAG(int64_t, device_max_inflight_bytes, kDefaults.device_max_inflight_bytes,
           "per device: bound on the bytes (inputs plus outputs) of the shards it holds at once; "
           "work over it waits; 0 = no bound, -1 = automatic (3/4 of a GPU's memory, none on CPU)");
+ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
+          "freed host memory the allocator keeps for reuse, so that large messages do not "
+          "page-fault their buffers in again (one heap, no mmap); 0 = the C library's defaults");
 ABSL_FLAG(int, worker_threads, kDefaults.worker_threads,
           "threads running operations; 0 = twice the hardware threads (at least 4)");
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
@@ -117,6 +121,16 @@ int main(int argc, char** argv) {
   if (positional.size() > 1) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("unexpected argument \"", positional[1], "\" (flags only)")));
+  }
+  // Before any thread of ours (or gRPC's) allocates.
+  if (absl::Status status =
+          gpucompute::KeepFreedHostMemory(absl::GetFlag(FLAGS_retain_host_memory_bytes));
+      absl::IsInvalidArgument(status)) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--retain_host_memory_bytes: ", status.message())));
+  } else if (!status.ok()) {
+    std::fprintf(stderr, "gpucompute-server: %s; going on with the allocator as it is\n",
+                 status.ToString().c_str());
   }
 
   // SIGTERM and SIGINT only wake a thread of ours through a pipe (the

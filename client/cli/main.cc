@@ -1,11 +1,18 @@
 // gpucompute: the command-line client of the gpucompute service.
+#include <cstdint>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "client/cli/cli.h"
+#include "server/common/host_memory.h"
+
+ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
+          "Freed memory the allocator keeps for reuse, so that large tensors do not "
+          "page-fault their buffers in again; 0 = the C library's defaults.");
 
 namespace {
 
@@ -41,6 +48,16 @@ Every flag: gpucompute --helpfull)";
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  // Large tensors reuse freed memory instead of page-faulting new buffers in
+  // (server/common/host_memory.h).
+  if (absl::Status status =
+          gpucompute::KeepFreedHostMemory(absl::GetFlag(FLAGS_retain_host_memory_bytes));
+      absl::IsInvalidArgument(status)) {
+    std::cerr << "gpucompute: --retain_host_memory_bytes: " << status.message() << "\n";
+    return gpucompute::cli::kExitUsage;
+  } else if (!status.ok()) {
+    std::cerr << "gpucompute: " << status << "; going on with the allocator as it is\n";
+  }
   if (args.size() < 2 || std::string(args[1]) == "help") {
     std::cout << kUsage << "\n";
     return args.size() < 2 ? gpucompute::cli::kExitUsage : gpucompute::cli::kExitOk;

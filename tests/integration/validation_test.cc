@@ -235,6 +235,16 @@ TEST(ValidationTest, OverTheInflightLimitIsResourceExhausted) {
   EXPECT_TRUE(Passes(CheckGemm(small, *ok)));
 }
 
+TEST(ValidationTest, BadFlagsStopTheServerNamingTheFlag) {
+  for (const char* flag : {"--retain_host_memory_bytes=-1", "--device_max_inflight_bytes=-2"}) {
+    SCOPED_TRACE(flag);
+    auto server = ServerProcess::Start({flag});
+    ASSERT_FALSE(server.ok());
+    const std::string name(flag, std::string_view(flag).find('='));
+    EXPECT_TRUE(absl::StrContains(server.status().message(), name)) << server.status();
+  }
+}
+
 TEST(ValidationTest, OverADeviceBoundIsResourceExhaustedNamingTheFlag) {
   auto server = ServerProcess::Start({"--device_max_inflight_bytes=100000"});
   ASSERT_TRUE(server.ok()) << server.status();
