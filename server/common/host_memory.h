@@ -26,8 +26,8 @@ namespace gpucompute {
 // mapped. The price: the process keeps up to `retain_bytes` it no longer
 // uses. Call first thing in main, before threads start. `retain_bytes` == 0
 // leaves the allocator as it is. Errors: INVALID_ARGUMENT when
-// `retain_bytes` is negative or over 2^31 - 1, INTERNAL when the C library
-// refuses a setting.
+// `retain_bytes` is negative or over 2^31 - 1, INTERNAL when the allocator
+// refuses a setting (a sanitizer's does: it is then used as it is).
 absl::Status KeepFreedHostMemory(int64_t retain_bytes);
 
 }  // namespace gpucompute
