@@ -130,6 +130,14 @@ DType ToHostDType(v1::DType dtype) {
   }
 }
 
+std::vector<int64_t> OperandShape(int64_t batch, int64_t rows, int64_t cols, bool transposed) {
+  std::vector<int64_t> shape;
+  if (batch > 0) shape.push_back(batch);
+  shape.push_back(transposed ? cols : rows);
+  shape.push_back(transposed ? rows : cols);
+  return shape;
+}
+
 v1::Tensor RandomTensor(v1::DType dtype, const std::vector<int64_t>& shape, std::mt19937_64& rng,
                         float lo, float hi) {
   int64_t n = ElementCount(shape).value();

@@ -30,6 +30,10 @@ DType ToHostDType(v1::DType dtype);
 v1::Tensor RandomTensor(v1::DType dtype, const std::vector<int64_t>& shape, std::mt19937_64& rng,
                         float lo = -1.f, float hi = 1.f);
 
+// The shape of a matrix operand of `rows` x `cols` as a request carries it:
+// [cols, rows] when `transposed`, with a leading batch axis when batch > 0.
+std::vector<int64_t> OperandShape(int64_t batch, int64_t rows, int64_t cols, bool transposed);
+
 // The elements as doubles (exact for every dtype). Errors as CheckTensor.
 absl::StatusOr<std::vector<double>> TensorToDoubles(const v1::Tensor& tensor,
                                                     const std::string& name);

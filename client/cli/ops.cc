@@ -63,15 +63,6 @@ namespace {
 
 int64_t FlagOr(int64_t value, int64_t fallback) { return value >= 0 ? value : fallback; }
 
-// Shape of a 2-D or batched operand stored as rows x cols, transposed if asked.
-std::vector<int64_t> Operand(int64_t batch, int64_t rows, int64_t cols, bool transposed) {
-  std::vector<int64_t> shape;
-  if (batch > 0) shape.push_back(batch);
-  shape.push_back(transposed ? cols : rows);
-  shape.push_back(transposed ? rows : cols);
-  return shape;
-}
-
 absl::StatusOr<v1::BatchRequest> BuildGemm(v1::DType dtype, std::mt19937_64& rng) {
   v1::BatchRequest request;
   v1::GemmRequest& g = *request.mutable_gemm();
@@ -94,12 +85,13 @@ absl::StatusOr<v1::BatchRequest> BuildGemm(v1::DType dtype, std::mt19937_64& rng
       k = g.transpose_a() ? s[o] : s[o + 1];
     }
   } else {
-    a = RandomTensor(dtype, Operand(batch, m, k, g.transpose_a()), rng);
+    a = RandomTensor(dtype, OperandShape(batch, m, k, g.transpose_a()), rng);
   }
   bool b_batched = batch > 0 && absl::GetFlag(FLAGS_batch_b);
-  auto b = absl::GetFlag(FLAGS_b).empty()
-               ? RandomTensor(dtype, Operand(b_batched ? batch : 0, k, n, g.transpose_b()), rng)
-               : LoadNpyTensor(absl::GetFlag(FLAGS_b), dtype);
+  auto b =
+      absl::GetFlag(FLAGS_b).empty()
+          ? RandomTensor(dtype, OperandShape(b_batched ? batch : 0, k, n, g.transpose_b()), rng)
+          : LoadNpyTensor(absl::GetFlag(FLAGS_b), dtype);
   if (!b.ok()) return b.status();
   if (!absl::GetFlag(FLAGS_b).empty() && b->shape_size() >= 2) {
     n = g.transpose_b() ? b->shape(b->shape_size() - 2) : b->shape(b->shape_size() - 1);
@@ -109,7 +101,7 @@ absl::StatusOr<v1::BatchRequest> BuildGemm(v1::DType dtype, std::mt19937_64& rng
   if (absl::GetFlag(FLAGS_alpha) != 1.0) g.set_alpha(absl::GetFlag(FLAGS_alpha));
   g.set_beta(absl::GetFlag(FLAGS_beta));
   if (g.beta() != 0 || !absl::GetFlag(FLAGS_c).empty()) {
-    std::vector<int64_t> c_shape = Operand(batch, m, n, false);
+    std::vector<int64_t> c_shape = OperandShape(batch, m, n, false);
     auto c = LoadOrRandom(absl::GetFlag(FLAGS_c), dtype, c_shape, rng);
     if (!c.ok()) return c.status();
     *g.mutable_c() = *std::move(c);
@@ -124,7 +116,7 @@ absl::StatusOr<v1::BatchRequest> BuildGemv(v1::DType dtype, std::mt19937_64& rng
   int64_t m = FlagOr(absl::GetFlag(FLAGS_m), 2048);
   int64_t k = FlagOr(absl::GetFlag(FLAGS_k), 2048);
   int64_t ncols = FlagOr(absl::GetFlag(FLAGS_n), 0);
-  auto a = LoadOrRandom(absl::GetFlag(FLAGS_a), dtype, Operand(0, m, k, g.transpose_a()), rng);
+  auto a = LoadOrRandom(absl::GetFlag(FLAGS_a), dtype, OperandShape(0, m, k, g.transpose_a()), rng);
   if (!a.ok()) return a.status();
   if (!absl::GetFlag(FLAGS_a).empty() && a->shape_size() == 2) {
     m = g.transpose_a() ? a->shape(1) : a->shape(0);

@@ -4,18 +4,6 @@
 #include <cstdio>
 
 namespace gpucompute::testing {
-namespace {
-
-std::vector<int64_t> Operand(int64_t batch, int64_t rows, int64_t cols, bool transposed) {
-  std::vector<int64_t> shape;
-  if (batch > 0) shape.push_back(batch);
-  shape.push_back(transposed ? cols : rows);
-  shape.push_back(transposed ? rows : cols);
-  return shape;
-}
-
-}  // namespace
-
 std::mt19937_64& Rng() {
   static std::mt19937_64* rng = [] {
     uint64_t seed =
@@ -28,23 +16,23 @@ std::mt19937_64& Rng() {
 
 v1::GemmRequest MakeGemm(v1::DType dtype, const GemmCase& c) {
   v1::GemmRequest r;
-  *r.mutable_a() = RandomTensor(dtype, Operand(c.batch, c.m, c.k, c.trans_a), Rng());
+  *r.mutable_a() = RandomTensor(dtype, OperandShape(c.batch, c.m, c.k, c.trans_a), Rng());
   *r.mutable_b() =
-      RandomTensor(dtype, Operand(c.b_batched ? c.batch : 0, c.k, c.n, c.trans_b), Rng());
+      RandomTensor(dtype, OperandShape(c.b_batched ? c.batch : 0, c.k, c.n, c.trans_b), Rng());
   r.set_transpose_a(c.trans_a);
   r.set_transpose_b(c.trans_b);
   if (c.alpha != 1) r.set_alpha(c.alpha);
   r.set_beta(c.beta);
   if (c.beta != 0) {
     *r.mutable_c() =
-        RandomTensor(dtype, Operand(c.c_batched ? c.batch : 0, c.m, c.n, false), Rng());
+        RandomTensor(dtype, OperandShape(c.c_batched ? c.batch : 0, c.m, c.n, false), Rng());
   }
   return r;
 }
 
 v1::GemvRequest MakeGemv(v1::DType dtype, const GemvCase& c) {
   v1::GemvRequest r;
-  *r.mutable_a() = RandomTensor(dtype, Operand(0, c.m, c.k, c.trans_a), Rng());
+  *r.mutable_a() = RandomTensor(dtype, OperandShape(0, c.m, c.k, c.trans_a), Rng());
   std::vector<int64_t> x =
       c.ncols == 0 ? std::vector<int64_t>{c.k} : std::vector<int64_t>{c.k, c.ncols};
   *r.mutable_x() = RandomTensor(dtype, x, Rng());
