@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/core/reference.h"
+#include "client/reference.h"
 
 namespace gpucompute {
 namespace {
@@ -256,19 +256,19 @@ absl::StatusOr<CheckResult> CheckReduce(const v1::ReduceRequest& request,
     axis_len = static_cast<int64_t>(in->size());
     if (request.keepdims()) out_shape.assign(rank, 1);
   }
-  ReduceKind kind;
+  reference::ReduceOp kind;
   switch (request.op()) {
     case v1::SUM:
-      kind = ReduceKind::kSum;
+      kind = reference::ReduceOp::kSum;
       break;
     case v1::MAX:
-      kind = ReduceKind::kMax;
+      kind = reference::ReduceOp::kMax;
       break;
     case v1::MIN:
-      kind = ReduceKind::kMin;
+      kind = reference::ReduceOp::kMin;
       break;
     case v1::MEAN:
-      kind = ReduceKind::kMean;
+      kind = reference::ReduceOp::kMean;
       break;
     default:
       return Invalid("op", "unspecified");
@@ -278,8 +278,8 @@ absl::StatusOr<CheckResult> CheckReduce(const v1::ReduceRequest& request,
   double rtol = reference::Rtol(ToHostDType(out), axis_len);
   double terms = 0;
   double depth = static_cast<double>(std::max<int64_t>(axis_len, 1));
-  if (kind == ReduceKind::kSum) terms = MaxAbs(*in) * std::sqrt(depth);
-  if (kind == ReduceKind::kMean) terms = MaxAbs(*in) / std::sqrt(depth);
+  if (kind == reference::ReduceOp::kSum) terms = MaxAbs(*in) * std::sqrt(depth);
+  if (kind == reference::ReduceOp::kMean) terms = MaxAbs(*in) / std::sqrt(depth);
   CheckResult result = Passing();
   Compare("output", response.output(), out, out_shape, want,
           AccumulationTolerance(axis_len) * terms, rtol, result);

@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/client.h"
-#include "server/common/dtype.h"
+#include "proto/dtype.h"
 
 namespace gpucompute {
 

@@ -20,8 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "grpc/grpc.h"
-#include "server/common/host_memory.h"
-#include "server/service/server.h"
+#include "proto/host_memory.h"
+#include "server/server.h"
 
 namespace {
 const gpucompute::ServerOptions kDefaults;

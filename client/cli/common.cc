@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "client/cli/cli.h"
 #include "client/npy.h"
-#include "server/common/dtype.h"
+#include "proto/dtype.h"
 
 ABSL_FLAG(std::string, server, "localhost:50051", "Server address, host:port or a gRPC target.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.g. 30s, 500ms.");

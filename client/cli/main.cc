@@ -8,7 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "client/cli/cli.h"
-#include "server/common/host_memory.h"
+#include "proto/host_memory.h"
 
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "Freed memory the allocator keeps for reuse, so that large tensors do not "

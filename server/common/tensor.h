@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "server/common/dtype.h"
+#include "proto/dtype.h"
 
 namespace gpucompute {
 

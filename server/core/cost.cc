@@ -1,6 +1,8 @@
 #include "server/core/cost.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -9,6 +11,13 @@ namespace {
 
 double Size(DType t) { return double(DTypeSize(t)); }
 double Count(Range r) { return double(std::max<int64_t>(r.size(), 0)); }
+
+// `bytes` rounded up to a whole byte count, saturated at the int64 maximum.
+int64_t RoundUpBytes(double bytes) {
+  constexpr double kMax = 9.2e18;  // below 2^63, exactly representable
+  if (!(bytes < kMax)) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(std::ceil(bytes));
+}
 
 // Keys that query rows `q_rows` see in total: every key, or under the causal
 // mask (aligned bottom-right) clamp(i + seq_kv - seq_q + 1, 0, seq_kv) for
@@ -99,48 +108,71 @@ double ShardSeconds(const DeviceCost& cost, const WorkCost& work) {
   return seconds;
 }
 
-Placement PlaceByCost(
+int64_t FootprintBytes(const GemmSpec& spec) {
+  return RoundUpBytes(GemmWork(spec, {0, spec.m}).bytes);
+}
+int64_t FootprintBytes(const GemvSpec& spec) {
+  return RoundUpBytes(GemvWork(spec, {0, spec.m}).bytes);
+}
+int64_t FootprintBytes(const ReduceSpec& spec) {
+  return RoundUpBytes(ReduceWork(spec, {0, spec.outer}, {0, spec.axis_len}, false).bytes);
+}
+int64_t FootprintBytes(const TransposeSpec& spec) {
+  // The whole output as one prefix unit.
+  return RoundUpBytes(TransposeWork(spec, 0, {0, 1}).bytes);
+}
+int64_t FootprintBytes(const AttentionSpec& spec) {
+  return RoundUpBytes(AttentionWork(spec, {0, spec.batch * spec.heads_q}, {0, spec.seq_q}).bytes);
+}
+
+ShardPlan PlaceByCost(
     absl::Span<const CostedDevice> candidates,
     const std::function<ShardPlan(absl::Span<const double> weights)>& plan_for,
     const std::function<WorkCost(const ShardPlan& plan, const Shard& shard)>& shard_work) {
   const int n = static_cast<int>(candidates.size());
-  auto place = [&](std::vector<int> devices) {
+  // The plan over `chosen` (indices into the candidates), its shards still
+  // numbered by position in `chosen`.
+  auto plan_over = [&](const std::vector<int>& chosen) {
     std::vector<double> weights;
-    weights.reserve(devices.size());
-    for (int d : devices) weights.push_back(candidates[d].weight);
-    Placement placement;
-    placement.plan = plan_for(weights);
-    placement.devices = std::move(devices);
-    return placement;
+    weights.reserve(chosen.size());
+    for (int c : chosen) weights.push_back(candidates[c].weight);
+    return plan_for(weights);
+  };
+  // Renumbers a plan's shards from positions in `chosen` to device indices.
+  auto place = [&](ShardPlan plan, const std::vector<int>& chosen) {
+    for (Shard& shard : plan.shards) shard.device = candidates[chosen[shard.device]].device;
+    return plan;
   };
   std::vector<int> all(n);
   std::iota(all.begin(), all.end(), 0);
   const bool any_fixed =
       std::any_of(candidates.begin(), candidates.end(),
                   [](const CostedDevice& c) { return c.cost.fixed_seconds > 0; });
-  if (n == 1 || !any_fixed) return place(std::move(all));
+  if (n == 1 || !any_fixed) return place(plan_over(all), all);
 
   std::vector<int> rank = all;
   std::stable_sort(rank.begin(), rank.end(),
                    [&](int a, int b) { return candidates[a].weight > candidates[b].weight; });
-  std::vector<Placement> placements;
+  std::vector<std::vector<int>> chosen_for;
+  std::vector<ShardPlan> plans;
   std::vector<double> seconds;
   for (int k = 1; k <= n; ++k) {
     std::vector<int> chosen(rank.begin(), rank.begin() + k);
     std::sort(chosen.begin(), chosen.end());
-    Placement placement = place(std::move(chosen));
+    ShardPlan plan = plan_over(chosen);
     double slowest = 0;
-    for (const Shard& shard : placement.plan.shards) {
-      const DeviceCost& cost = candidates[placement.devices[shard.device]].cost;
-      slowest = std::max(slowest, ShardSeconds(cost, shard_work(placement.plan, shard)));
+    for (const Shard& shard : plan.shards) {
+      const DeviceCost& cost = candidates[chosen[shard.device]].cost;
+      slowest = std::max(slowest, ShardSeconds(cost, shard_work(plan, shard)));
     }
-    placements.push_back(std::move(placement));
+    chosen_for.push_back(std::move(chosen));
+    plans.push_back(std::move(plan));
     seconds.push_back(slowest);
   }
   const double best = *std::min_element(seconds.begin(), seconds.end());
   int k = 0;
   while (seconds[k] > best * (1.0 + kCostTolerance)) ++k;
-  return std::move(placements[k]);
+  return place(std::move(plans[k]), chosen_for[k]);
 }
 
 }  // namespace gpucompute

@@ -1,6 +1,8 @@
-// The cost model: the bytes and FLOPs of the part of an operation one shard
-// computes, what a device charges for them, and from that how many devices an
-// operation is worth. Plain data and arithmetic, unit-tested without devices.
+// The cost model: the one definition of the bytes and FLOPs of an operation
+// or of the part of it one shard computes (what the responses and metrics
+// report, and what admission holds), what a device charges for them, and from
+// that how many devices an operation is worth. Plain data and arithmetic,
+// unit-tested without devices.
 //
 // Splitting has a price: every shard pays a device's fixed cost (on a GPU:
 // leasing a lane, stream-ordered allocations, events, synchronisation) and
@@ -10,6 +12,7 @@
 #ifndef GPUCOMPUTE_SERVER_CORE_COST_H_
 #define GPUCOMPUTE_SERVER_CORE_COST_H_
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -30,7 +33,8 @@ struct DeviceCost {
 
 // Bytes (inputs read once, outputs written once) and FLOPs of one shard, with
 // the arguments the Device methods take (server/device/device.h). The whole
-// operation is the full range(s).
+// operation is the full range(s). Attention counts exactly the keys each
+// query row sees under the causal mask.
 WorkCost GemmWork(const GemmSpec& spec, Range rows);
 WorkCost GemvWork(const GemvSpec& spec, Range rows);
 // `partial`: one fp32 partial per chunk of `axis` instead of final values.
@@ -43,6 +47,15 @@ WorkCost AttentionWork(const AttentionSpec& spec, Range heads, Range q_rows);
 // (the terms run one after another: upload, kernels, download).
 double ShardSeconds(const DeviceCost& cost, const WorkCost& work);
 
+// Bytes a validated operation holds while it runs, its inputs plus its
+// outputs: the bytes of the whole operation's WorkCost (the admission cost),
+// rounded up and saturated at the int64 maximum.
+int64_t FootprintBytes(const GemmSpec& spec);
+int64_t FootprintBytes(const GemvSpec& spec);
+int64_t FootprintBytes(const ReduceSpec& spec);
+int64_t FootprintBytes(const TransposeSpec& spec);
+int64_t FootprintBytes(const AttentionSpec& spec);
+
 // A plan with fewer devices is taken when its estimate is within this
 // fraction of the best: the estimates are coarse, and a request left on fewer
 // devices leaves the others to concurrent requests.
@@ -50,26 +63,23 @@ inline constexpr double kCostTolerance = 0.05;
 
 // One device an operation may run on, as the cost model sees it.
 struct CostedDevice {
+  int device = 0;       // the device's index (DeviceDescription::index)
   double weight = 1.0;  // relative compute weight (DeviceDescription::weight)
   DeviceCost cost;
 };
 
-// Which candidates run an operation, and the plan over them.
-struct Placement {
-  std::vector<int> devices;  // indices into the candidates, in candidate order
-  ShardPlan plan;            // shard.device indexes `devices`
-};
-
-// Chooses how many candidates run an operation. For k = 1..n it takes the k
+// Chooses how many candidates run an operation and returns the plan over
+// them, each shard.device a CostedDevice::device. For k = 1..n it takes the k
 // heaviest candidates (equal weights: the earlier first), keeps them in
-// candidate order, plans the operation over their weights with `plan_for`,
-// and estimates the plan as its slowest shard (ShardSeconds of
-// `shard_work(plan, shard)` on that shard's device). The result is the
-// smallest k whose estimate is within kCostTolerance of the best k's; weights
-// alone still divide the work among the chosen. When no candidate has a
-// fixed cost, splitting costs nothing and every candidate is chosen without
-// estimating. REQUIRES: candidates non-empty, every weight > 0.
-Placement PlaceByCost(
+// candidate order, plans the operation over their weights with `plan_for`
+// (whose shards number devices by position in the weights), and estimates
+// the plan as its slowest shard (ShardSeconds of `shard_work(plan, shard)` on
+// that shard's device). The result is the smallest k whose estimate is within
+// kCostTolerance of the best k's; weights alone still divide the work among
+// the chosen. When no candidate has a fixed cost, splitting costs nothing and
+// every candidate is chosen without estimating. REQUIRES: candidates
+// non-empty, every weight > 0.
+ShardPlan PlaceByCost(
     absl::Span<const CostedDevice> candidates,
     const std::function<ShardPlan(absl::Span<const double> weights)>& plan_for,
     const std::function<WorkCost(const ShardPlan& plan, const Shard& shard)>& shard_work);

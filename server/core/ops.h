@@ -1,19 +1,18 @@
-// Validated operation descriptions: plain data, no protobuf. The service layer
-// builds these from requests (server/service/validate.h) after every check;
-// the planner and the devices take them as given.
+// The operation vocabulary: validated operation descriptions, plain data, no
+// protobuf. The service layer builds these from requests
+// (server/service/validate.h) after every check; the planner, the cost model,
+// the devices and the engine take them as given.
 #ifndef GPUCOMPUTE_SERVER_CORE_OPS_H_
 #define GPUCOMPUTE_SERVER_CORE_OPS_H_
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/time/time.h"
-#include "server/common/dtype.h"
+#include "proto/dtype.h"
 #include "server/common/tensor.h"
 
 namespace gpucompute {
@@ -31,10 +30,6 @@ struct OpOptions {
   std::vector<int> devices;              // empty: every healthy device
   DType output_dtype = DType::kFloat32;  // resolved: never unspecified here
   bool allow_tf32 = false;
-  // How long the operation may wait for room on its devices (per-device
-  // admission) and whether its caller has gone; not part of the request.
-  absl::Time deadline = absl::InfiniteFuture();
-  std::function<bool()> cancelled;  // may be empty: never cancelled
 };
 
 // C = alpha * op(A) * op(B) + beta * C over `batch` entries.

@@ -7,10 +7,10 @@
 namespace gpucompute {
 namespace {
 
-ShardPlan MakePlan(std::string axis, int64_t extent, absl::Span<const double> weights,
+ShardPlan MakePlan(SplitAxis axis, int64_t extent, absl::Span<const double> weights,
                    int64_t granularity = 1) {
   ShardPlan plan;
-  plan.axis = std::move(axis);
+  plan.axis = axis;
   plan.shards = SplitByWeight(extent, weights, granularity);
   return plan;
 }
@@ -66,12 +66,12 @@ std::vector<Shard> SplitByWeight(int64_t extent, absl::Span<const double> weight
 
 ShardPlan PlanGemm(const GemmSpec& spec, absl::Span<const double> weights,
                    int64_t row_granularity) {
-  return MakePlan("rows", spec.m, weights, row_granularity);
+  return MakePlan(SplitAxis::kRows, spec.m, weights, row_granularity);
 }
 
 ShardPlan PlanGemv(const GemvSpec& spec, absl::Span<const double> weights,
                    int64_t row_granularity) {
-  return MakePlan("rows", spec.m, weights, row_granularity);
+  return MakePlan(SplitAxis::kRows, spec.m, weights, row_granularity);
 }
 
 ShardPlan PlanReduce(const ReduceSpec& spec, absl::Span<const double> weights) {
@@ -79,9 +79,9 @@ ShardPlan PlanReduce(const ReduceSpec& spec, absl::Span<const double> weights) {
   const int64_t chunks = (spec.axis_len + kReduceChunk - 1) / kReduceChunk;
   const bool empty_output = spec.outer == 0 || spec.inner == 0;
   if (empty_output || spec.outer >= devices || spec.outer >= chunks) {
-    return MakePlan("outer", spec.outer, weights);
+    return MakePlan(SplitAxis::kOuter, spec.outer, weights);
   }
-  return MakePlan("axis", spec.axis_len, weights, kReduceChunk);
+  return MakePlan(SplitAxis::kAxis, spec.axis_len, weights, kReduceChunk);
 }
 
 ShardPlan PlanTranspose(const TransposeSpec& spec, absl::Span<const double> weights) {
@@ -92,7 +92,7 @@ ShardPlan PlanTranspose(const TransposeSpec& spec, absl::Span<const double> weig
     extent *= spec.in_shape[spec.perm[prefix_axes]];
     ++prefix_axes;
   }
-  ShardPlan plan = MakePlan("out_blocks", extent, weights);
+  ShardPlan plan = MakePlan(SplitAxis::kOutBlocks, extent, weights);
   plan.prefix_axes = prefix_axes;
   return plan;
 }
@@ -100,8 +100,8 @@ ShardPlan PlanTranspose(const TransposeSpec& spec, absl::Span<const double> weig
 ShardPlan PlanAttention(const AttentionSpec& spec, absl::Span<const double> weights) {
   const int64_t devices = static_cast<int64_t>(weights.size());
   const int64_t heads = spec.batch * spec.heads_q;
-  if (heads >= devices) return MakePlan("heads", heads, weights);
-  return MakePlan("query_rows", spec.seq_q, weights);
+  if (heads >= devices) return MakePlan(SplitAxis::kHeads, heads, weights);
+  return MakePlan(SplitAxis::kQueryRows, spec.seq_q, weights);
 }
 
 }  // namespace gpucompute

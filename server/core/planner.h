@@ -4,7 +4,6 @@
 #define GPUCOMPUTE_SERVER_CORE_PLANNER_H_
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -20,8 +19,9 @@ struct Range {
   bool operator==(const Range&) const = default;
 };
 
-// One shard: `device` (an index into the planner's device list) computes
-// `range` along the plan's axis.
+// One shard: `device` computes `range` along the plan's axis. The planner's
+// functions number devices by their position in `weights`; a placement
+// (server/core/cost.h) renumbers them to the server's device indices.
 struct Shard {
   int device = 0;
   Range range;
@@ -37,13 +37,19 @@ struct Shard {
 std::vector<Shard> SplitByWeight(int64_t extent, absl::Span<const double> weights,
                                  int64_t granularity = 1);
 
+// The axis an operation is split along.
+enum class SplitAxis : int {
+  kRows = 0,   // GEMM, GEMV: rows of the output
+  kOuter,      // reduce: independent output rows
+  kAxis,       // reduce: the reduced axis, partial results combined
+  kOutBlocks,  // transpose: blocks of the output's leading axes
+  kHeads,      // attention: (batch, query head) pairs
+  kQueryRows,  // attention: query rows of every head
+};
+
 // How an operation is divided.
 struct ShardPlan {
-  // The axis split, for timings: "rows" (GEMM, GEMV: rows of the output),
-  // "outer" or "axis" (reduce: independent output rows, or the reduced axis
-  // with partial results combined), "out_blocks" (transpose: blocks of the
-  // output's leading axes), "heads" or "query_rows" (attention).
-  std::string axis;
+  SplitAxis axis = SplitAxis::kRows;
   std::vector<Shard> shards;
   // Transpose: how many leading output axes the range indexes (flattened).
   int prefix_axes = 0;
@@ -53,7 +59,7 @@ struct ShardPlan {
 // aligned at 0. Each chunk is reduced on its own and chunk results are
 // combined in one fixed order (server/core/reduce_combine.h), whichever device
 // or thread reduced them, so a result does not depend on the number of
-// devices. An "axis" plan's shards are whole chunks (the last may be short).
+// devices. A kAxis plan's shards are whole chunks (the last may be short).
 inline constexpr int64_t kReduceChunk = int64_t{1} << 15;
 
 // Per-operation plans. `weights` has one entry per participating device.
@@ -65,14 +71,14 @@ ShardPlan PlanGemm(const GemmSpec& spec, absl::Span<const double> weights,
 ShardPlan PlanGemv(const GemvSpec& spec, absl::Span<const double> weights,
                    int64_t row_granularity = 1);
 // Splits `outer` when it has at least as many rows as devices, or at least
-// as many rows as the reduced axis has chunks ("outer"); otherwise splits the
-// reduced axis in whole chunks ("axis") and chunk partials are combined.
+// as many rows as the reduced axis has chunks (kOuter); otherwise splits the
+// reduced axis in whole chunks (kAxis) and chunk partials are combined.
 ShardPlan PlanReduce(const ReduceSpec& spec, absl::Span<const double> weights);
 // Splits the flattened leading output axes: the fewest leading axes whose
 // product is at least the number of devices (all but the last axis at most).
 ShardPlan PlanTranspose(const TransposeSpec& spec, absl::Span<const double> weights);
-// Splits batch x heads_q ("heads") when there are at least as many as
-// devices, otherwise the query rows of every head ("query_rows").
+// Splits batch x heads_q (kHeads) when there are at least as many as
+// devices, otherwise the query rows of every head (kQueryRows).
 ShardPlan PlanAttention(const AttentionSpec& spec, absl::Span<const double> weights);
 
 }  // namespace gpucompute

@@ -31,17 +31,30 @@ struct DeviceDescription {
   std::vector<int> peers;  // devices reachable by peer access
 };
 
-// What one shard cost.
+// What running one shard measured. A device reports only what it measured;
+// the bytes and FLOPs an operation implies are the cost model's
+// (server/core/cost.h), filled in by the engine.
 struct ShardRun {
-  std::string variant;          // the variant that ran
-  double kernel_seconds = 0;    // compute time
-  double transfer_seconds = 0;  // data movement time, h2d + d2h (0 on the CPU)
-  double h2d_seconds = 0;       // host-to-device part of transfer_seconds
-  double d2h_seconds = 0;       // device-to-host part of transfer_seconds
-  double h2d_bytes = 0;         // bytes copied host to device
-  double d2h_bytes = 0;         // bytes copied device to host
-  double bytes = 0;             // bytes this shard had to move
-  double flops = 0;             // FLOPs this shard did
+  std::string variant;        // the variant that ran
+  double kernel_seconds = 0;  // compute time
+  double h2d_seconds = 0;     // host-to-device copies (0 on the CPU)
+  double d2h_seconds = 0;     // device-to-host copies (0 on the CPU)
+  double h2d_bytes = 0;       // bytes copied host to device
+  double d2h_bytes = 0;       // bytes copied device to host
+
+  // Data movement time, both directions.
+  double transfer_seconds() const { return h2d_seconds + d2h_seconds; }
+  // Adds `other`'s times and bytes; keeps this variant, or takes other's
+  // when this has none.
+  ShardRun& operator+=(const ShardRun& other) {
+    if (variant.empty()) variant = other.variant;
+    kernel_seconds += other.kernel_seconds;
+    h2d_seconds += other.h2d_seconds;
+    d2h_seconds += other.d2h_seconds;
+    h2d_bytes += other.h2d_bytes;
+    d2h_bytes += other.d2h_bytes;
+    return *this;
+  }
 };
 
 // Memory of one device, in bytes.
@@ -109,15 +122,7 @@ class Device {
       const Range chunk{begin, std::min(axis.end, begin + kReduceChunk)};
       absl::StatusOr<ShardRun> run = Reduce(spec, outer, chunk, true, out);
       if (!run.ok()) return run.status();
-      if (total.variant.empty()) total.variant = run->variant;
-      total.kernel_seconds += run->kernel_seconds;
-      total.transfer_seconds += run->transfer_seconds;
-      total.h2d_seconds += run->h2d_seconds;
-      total.d2h_seconds += run->d2h_seconds;
-      total.h2d_bytes += run->h2d_bytes;
-      total.d2h_bytes += run->d2h_bytes;
-      total.bytes += run->bytes;
-      total.flops += run->flops;
+      total += *run;
       out += chunk_floats;
     }
     return total;

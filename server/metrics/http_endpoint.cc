@@ -33,8 +33,9 @@ void SendAll(int fd, const std::string& data) {
 
 std::string Response(int code, const char* reason, const std::string& content_type,
                      const std::string& body, bool head_only) {
-  std::string out = absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\nContent-Type: ", content_type,
-                                 "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
+  std::string out =
+      absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\nContent-Type: ", content_type,
+                   "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
   if (!head_only) out += body;
   return out;
 }

@@ -233,7 +233,8 @@ void Metrics::ItemFinished(absl::string_view method, absl::StatusCode code, doub
 }
 
 void Metrics::OnShard(OpKind op, DType dtype, const DeviceDescription& device,
-                      const ShardRun& run) {
+                      const ShardTiming& shard) {
+  const ShardRun& run = shard.run;
   KernelHistogram(op, run.variant, device.index, dtype).Observe(run.kernel_seconds);
   const TransferSeries transfers = Transfers(device.index);
   if (run.h2d_seconds > 0) transfers.h2d_seconds->Observe(run.h2d_seconds);
@@ -241,8 +242,8 @@ void Metrics::OnShard(OpKind op, DType dtype, const DeviceDescription& device,
   transfers.h2d_bytes->Increment(run.h2d_bytes);
   transfers.d2h_bytes->Increment(run.d2h_bytes);
   absl::MutexLock lock(&mu_);
-  KernelCounter(kernel_bytes_, kernel_bytes_series_, op, device.index).Increment(run.bytes);
-  KernelCounter(kernel_flops_, kernel_flops_series_, op, device.index).Increment(run.flops);
+  KernelCounter(kernel_bytes_, kernel_bytes_series_, op, device.index).Increment(shard.work.bytes);
+  KernelCounter(kernel_flops_, kernel_flops_series_, op, device.index).Increment(shard.work.flops);
 }
 
 prometheus::Counter& Metrics::RequestCounter(absl::string_view method, absl::StatusCode code) {

@@ -22,7 +22,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/core/engine.h"
+#include "server/engine/engine.h"
 
 namespace gpucompute {
 
@@ -114,7 +114,7 @@ class Metrics final : public ShardObserver {
   // ShardObserver: kernel duration, bytes and FLOPs of one shard, and its
   // transfers (a direction's duration is observed only when it is > 0).
   void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
-               const ShardRun& run) override;
+               const ShardTiming& shard) override;
 
  private:
   prometheus::Counter& RequestCounter(absl::string_view method, absl::StatusCode code);

@@ -1,7 +1,8 @@
 // The Compute service: thin gRPC callback-API handlers. Each decodes and
-// validates its request (validate.h), waits for admission (admission.h),
-// calls the engine on a worker of ours (never on gRPC's threads), encodes the
-// result (convert.h) and finishes the call from the worker.
+// validates its request (validate.h), waits for admission
+// (server/engine/admission.h), calls the engine on a worker of ours (never
+// on gRPC's threads), encodes the result (convert.h) and finishes the call
+// from the worker. The Batch stream's reactor is in batch_reactor.cc.
 #ifndef GPUCOMPUTE_SERVER_SERVICE_COMPUTE_SERVICE_H_
 #define GPUCOMPUTE_SERVER_SERVICE_COMPUTE_SERVICE_H_
 
@@ -17,8 +18,8 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/compute.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "server/core/admission.h"
-#include "server/core/engine.h"
+#include "server/engine/admission.h"
+#include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
 #include "server/service/validate.h"
 #include "server/service/worker_pool.h"
@@ -106,6 +107,14 @@ class ComputeService final : public v1::Compute::CallbackService {
   template <typename Request, typename Response>
   grpc::ServerUnaryReactor* RunUnary(absl::string_view method, grpc::CallbackServerContext* context,
                                      const Request* request, Response* response);
+
+  // One item of a Batch stream, on the calling (worker) thread: checks its id
+  // and op and runs it (Execute), filling response's id and result and
+  // `*method` (the metrics' name, "Batch/<Op>"). The item has been entered
+  // in the queue (EnterQueue); returns the item's status.
+  absl::Status ExecuteBatchItem(const v1::BatchRequest& item, const Call& call,
+                                v1::BatchResponse* response, Admission::Ticket* ticket,
+                                absl::string_view* method);
 
   // Validate, admit, compute, encode: the whole of one operation, on the
   // calling (worker) thread. `response` is filled only on success.

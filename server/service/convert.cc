@@ -9,6 +9,25 @@ namespace {
 
 double PerSecond(double amount, double seconds) { return seconds > 0 ? amount / seconds : 0; }
 
+// The wire's name of a split axis (ShardTiming.axis).
+const char* SplitAxisName(SplitAxis axis) {
+  switch (axis) {
+    case SplitAxis::kRows:
+      return "rows";
+    case SplitAxis::kOuter:
+      return "outer";
+    case SplitAxis::kAxis:
+      return "axis";
+    case SplitAxis::kOutBlocks:
+      return "out_blocks";
+    case SplitAxis::kHeads:
+      return "heads";
+    case SplitAxis::kQueryRows:
+      return "query_rows";
+  }
+  return "unknown";
+}
+
 template <typename Response>
 void FillOutput(OpResult& result, double server_seconds, double queue_seconds, v1::Tensor* output,
                 Response* response) {
@@ -74,6 +93,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(code, std::string(status.message()));
 }
 
+absl::StatusCode CodeSeenByClient(const absl::Status& status, grpc::CallbackServerContext* context,
+                                  absl::Time deadline) {
+  if (!context->IsCancelled()) return status.code();
+  return absl::Now() >= deadline ? absl::StatusCode::kDeadlineExceeded
+                                 : absl::StatusCode::kCancelled;
+}
+
 void MoveToProto(HostTensor& tensor, v1::Tensor* out) {
   out->set_dtype(ToProtoDType(tensor.dtype));
   out->mutable_shape()->Assign(tensor.shape.begin(), tensor.shape.end());
@@ -91,13 +117,13 @@ void FillTimings(const std::vector<ShardTiming>& shards, double server_seconds,
     v1::ShardTiming* t = out->add_shards();
     t->set_device(shard.device);
     t->set_variant(shard.run.variant);
-    t->set_axis(shard.axis);
+    t->set_axis(SplitAxisName(shard.axis));
     t->set_begin(shard.range.begin);
     t->set_end(shard.range.end);
     t->set_kernel_seconds(shard.run.kernel_seconds);
-    t->set_transfer_seconds(shard.run.transfer_seconds);
-    t->set_bytes_per_second(PerSecond(shard.run.bytes, shard.run.kernel_seconds));
-    t->set_flops_per_second(PerSecond(shard.run.flops, shard.run.kernel_seconds));
+    t->set_transfer_seconds(shard.run.transfer_seconds());
+    t->set_bytes_per_second(PerSecond(shard.work.bytes, shard.run.kernel_seconds));
+    t->set_flops_per_second(PerSecond(shard.work.flops, shard.run.kernel_seconds));
   }
 }
 

@@ -6,9 +6,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "gpucompute/v1/compute.pb.h"
+#include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
-#include "server/core/engine.h"
+#include "server/engine/engine.h"
 
 namespace gpucompute {
 
@@ -16,6 +18,12 @@ namespace gpucompute {
 // follow google.rpc.Code; an out-of-range code becomes UNKNOWN) and the
 // message is kept.
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The code a call ends with for its client: `status`'s, unless the client
+// cancelled the call or its deadline (`deadline`) passed, which end it
+// CANCELLED or DEADLINE_EXCEEDED whatever the server computed.
+absl::StatusCode CodeSeenByClient(const absl::Status& status, grpc::CallbackServerContext* context,
+                                  absl::Time deadline);
 
 // Moves `tensor` into `out`: its bytes are swapped into out->data without a
 // copy; `tensor` is left empty.

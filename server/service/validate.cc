@@ -88,12 +88,6 @@ absl::StatusOr<int64_t> CheckOutputBytes(absl::string_view field, const std::vec
   return *bytes;
 }
 
-int64_t Bytes(const TensorView& view) { return static_cast<int64_t>(view.num_bytes()); }
-
-int64_t OutputBytes(const std::vector<int64_t>& shape, DType dtype) {
-  return NumElements(shape) * static_cast<int64_t>(DTypeSize(dtype));
-}
-
 }  // namespace
 
 absl::StatusOr<DType> ParseDType(v1::DType dtype, absl::string_view field) {
@@ -503,31 +497,6 @@ absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request
   RETURN_IF_ERROR(
       CheckOutputBytes("o", spec.out_shape, spec.options.output_dtype, lse_bytes, limits).status());
   return spec;
-}
-
-int64_t FootprintBytes(const GemmSpec& spec) {
-  int64_t bytes = Bytes(spec.a) + Bytes(spec.b) + (spec.c ? Bytes(*spec.c) : 0);
-  return SaturatingAdd(bytes, OutputBytes(spec.out_shape, spec.options.output_dtype));
-}
-
-int64_t FootprintBytes(const GemvSpec& spec) {
-  int64_t bytes = Bytes(spec.a) + Bytes(spec.x) + (spec.y ? Bytes(*spec.y) : 0);
-  return SaturatingAdd(bytes, OutputBytes(spec.out_shape, spec.options.output_dtype));
-}
-
-int64_t FootprintBytes(const ReduceSpec& spec) {
-  return SaturatingAdd(Bytes(spec.input), OutputBytes(spec.out_shape, spec.options.output_dtype));
-}
-
-int64_t FootprintBytes(const TransposeSpec& spec) {
-  return SaturatingAdd(Bytes(spec.input), OutputBytes(spec.out_shape, spec.options.output_dtype));
-}
-
-int64_t FootprintBytes(const AttentionSpec& spec) {
-  int64_t bytes = Bytes(spec.q) + Bytes(spec.k) + Bytes(spec.v);
-  bytes = SaturatingAdd(bytes, OutputBytes(spec.out_shape, spec.options.output_dtype));
-  if (spec.return_lse) bytes = SaturatingAdd(bytes, spec.batch * spec.heads_q * spec.seq_q * 4);
-  return bytes;
 }
 
 }  // namespace gpucompute

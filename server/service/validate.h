@@ -62,14 +62,6 @@ absl::StatusOr<TransposeSpec> ParseTranspose(const v1::TransposeRequest& request
 absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request,
                                              const Limits& limits = {});
 
-// Bytes a validated operation holds while it runs: its inputs plus its
-// outputs (the admission cost).
-int64_t FootprintBytes(const GemmSpec& spec);
-int64_t FootprintBytes(const GemvSpec& spec);
-int64_t FootprintBytes(const ReduceSpec& spec);
-int64_t FootprintBytes(const TransposeSpec& spec);
-int64_t FootprintBytes(const AttentionSpec& spec);
-
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_SERVER_SERVICE_VALIDATE_H_

@@ -18,7 +18,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "server/core/reference.h"
+#include "client/reference.h"
 #include "tests/integration/requests.h"
 #include "tests/integration/server_process.h"
 

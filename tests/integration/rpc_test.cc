@@ -1,5 +1,6 @@
 // Every RPC through the client library against the real server, every dtype,
 // odd sizes, checked against the float64 reference.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <set>
@@ -342,6 +343,39 @@ TEST_P(RpcTest, DeviceSubset) {
     EXPECT_EQ(response->timings().shards(0).begin(), 0);
     EXPECT_EQ(response->timings().shards(0).end(), 127);
   }
+}
+
+// The FLOPs a response reports (flops_per_second over each shard's kernel
+// time) are the operation's, counted here from first principles, whichever
+// backend and however many devices ran it: causal attention counts exactly
+// the keys each query row sees.
+TEST_P(RpcTest, ReportedFlopsAreTheOperations) {
+  auto reported = [](const v1::Timings& t) {
+    double flops = 0;
+    for (const v1::ShardTiming& s : t.shards()) flops += s.flops_per_second() * s.kernel_seconds();
+    return flops;
+  };
+  const AttentionCase c = {.batch = 2,
+                           .heads_q = 4,
+                           .heads_kv = 2,
+                           .seq_q = 96,
+                           .seq_kv = 160,
+                           .head_dim = 64,
+                           .causal = true};
+  v1::AttentionRequest a = MakeAttention(GetParam(), c);
+  auto attention = client_->Attention(a);
+  ASSERT_TRUE(attention.ok()) << attention.status();
+  double keys = 0;
+  for (int64_t i = 0; i < c.seq_q; ++i)
+    keys += double(std::min(c.seq_kv, i + c.seq_kv - c.seq_q + 1));
+  const double want = 4.0 * c.batch * c.heads_q * keys * c.head_dim;
+  EXPECT_NEAR(reported(attention->timings()), want, want * 1e-9);
+
+  v1::GemmRequest g = MakeGemm(GetParam(), {.batch = 2, .m = 96, .n = 80, .k = 112});
+  auto gemm = client_->Gemm(g);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  const double gemm_flops = 2.0 * 2 * 96 * 80 * 112;
+  EXPECT_NEAR(reported(gemm->timings()), gemm_flops, gemm_flops * 1e-9);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, RpcTest, ::testing::ValuesIn(kAllDTypes),

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "server/common/dtype.h"
+#include "client/reference.h"
+#include "proto/dtype.h"
 #include "server/common/tensor.h"
 #include "server/core/ops.h"
-#include "server/core/reference.h"
 
 namespace gpucompute::testing {
 
@@ -167,12 +167,28 @@ inline GemvCase MakeGemv(DType dtype, int64_t m, int64_t k, int64_t ncols, bool 
   return g;
 }
 
+// The reference's name for a reduction.
+inline reference::ReduceOp ReferenceOp(ReduceKind kind) {
+  switch (kind) {
+    case ReduceKind::kSum:
+      return reference::ReduceOp::kSum;
+    case ReduceKind::kMax:
+      return reference::ReduceOp::kMax;
+    case ReduceKind::kMin:
+      return reference::ReduceOp::kMin;
+    case ReduceKind::kMean:
+      return reference::ReduceOp::kMean;
+  }
+  return reference::ReduceOp::kSum;
+}
+
 struct ReduceCase {
   HostTensor input;
   ReduceSpec spec;
 
   std::vector<double> Reference() const {
-    return reference::Reduce(Doubles(input), spec.outer, spec.axis_len, spec.inner, spec.kind);
+    return reference::Reduce(Doubles(input), spec.outer, spec.axis_len, spec.inner,
+                             ReferenceOp(spec.kind));
   }
 };
 

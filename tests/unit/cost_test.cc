@@ -17,9 +17,17 @@ namespace {
 // A GPU as the CUDA backend describes an H200 (server/device/cuda/cuda_device.cc).
 constexpr DeviceCost kGpu = {150e-6, 8e9, 4000e9, 700e12};
 
+// GPUs of the given weights, with device indices 0, 1, ...
 std::vector<CostedDevice> Gpus(std::vector<double> weights) {
   std::vector<CostedDevice> devices;
-  for (double w : weights) devices.push_back({w, kGpu});
+  for (double w : weights) devices.push_back({int(devices.size()), w, kGpu});
+  return devices;
+}
+
+// The devices a plan runs on, in shard order.
+std::vector<int> Devices(const ShardPlan& plan) {
+  std::vector<int> devices;
+  for (const Shard& shard : plan.shards) devices.push_back(shard.device);
   return devices;
 }
 
@@ -34,18 +42,19 @@ GemmSpec Gemm(int64_t m, int64_t n, int64_t k, DType dtype = DType::kBFloat16) {
 }
 
 // Places `spec` on `devices` as the engine does.
-Placement PlaceGemm(const GemmSpec& spec, const std::vector<CostedDevice>& devices) {
+ShardPlan PlaceGemm(const GemmSpec& spec, const std::vector<CostedDevice>& devices) {
   return PlaceByCost(
       devices, [&](absl::Span<const double> w) { return PlanGemm(spec, w); },
       [&](const ShardPlan&, const Shard& shard) { return GemmWork(spec, shard.range); });
 }
 
-Placement PlaceReduce(const ReduceSpec& spec, const std::vector<CostedDevice>& devices) {
+ShardPlan PlaceReduce(const ReduceSpec& spec, const std::vector<CostedDevice>& devices) {
   return PlaceByCost(
       devices, [&](absl::Span<const double> w) { return PlanReduce(spec, w); },
       [&](const ShardPlan& plan, const Shard& shard) {
-        return plan.axis == "outer" ? ReduceWork(spec, shard.range, {0, spec.axis_len}, false)
-                                    : ReduceWork(spec, {0, spec.outer}, shard.range, true);
+        return plan.axis == SplitAxis::kOuter
+                   ? ReduceWork(spec, shard.range, {0, spec.axis_len}, false)
+                   : ReduceWork(spec, {0, spec.outer}, shard.range, true);
       });
 }
 
@@ -186,57 +195,55 @@ TEST(AttentionWork, KeysAndValuesOfEveryKvHeadTheShardReads) {
 TEST(PlaceByCost, NoFixedCostSplitsOverEveryCandidate) {
   const GemmSpec tiny = Gemm(6, 1, 1);
   for (const DeviceCost& cost : {DeviceCost{}, DeviceCost{0, 8e9, 4000e9, 700e12}}) {
-    const std::vector<CostedDevice> devices = {{1, cost}, {1, cost}, {2, cost}, {2, cost}};
+    const std::vector<CostedDevice> devices = {
+        {0, 1, cost}, {1, 1, cost}, {2, 2, cost}, {3, 2, cost}};
     int estimated = 0;
-    const Placement p = PlaceByCost(
+    const ShardPlan p = PlaceByCost(
         devices, [&](absl::Span<const double> w) { return PlanGemm(tiny, w); },
         [&](const ShardPlan&, const Shard& shard) {
           ++estimated;
           return GemmWork(tiny, shard.range);
         });
-    EXPECT_EQ(p.devices, (std::vector<int>{0, 1, 2, 3}));
-    EXPECT_EQ(p.plan.shards, PlanGemm(tiny, std::vector<double>{1, 1, 2, 2}).shards);
+    EXPECT_EQ(Devices(p), (std::vector<int>{0, 1, 2, 3}));
+    EXPECT_EQ(p.shards, PlanGemm(tiny, std::vector<double>{1, 1, 2, 2}).shards);
     EXPECT_EQ(estimated, 0);
   }
 }
 
 TEST(PlaceByCost, TinyOperationStaysOnTheHeaviestDevice) {
   const GemmSpec tiny = Gemm(64, 64, 64);
-  Placement p = PlaceGemm(tiny, Gpus({1, 2, 2, 1}));
-  EXPECT_EQ(p.devices, (std::vector<int>{1}));  // the heavier; of equals, the earlier
-  ASSERT_EQ(p.plan.shards.size(), 1u);
-  EXPECT_EQ(p.plan.shards[0], (Shard{0, {0, 64}}));
+  ShardPlan p = PlaceGemm(tiny, Gpus({1, 2, 2, 1}));
+  // The heavier; of equals, the earlier.
+  EXPECT_EQ(p.shards, (std::vector<Shard>{{1, {0, 64}}}));
   // 8 rows of 1000: enough rows to split, too few bytes to be worth it.
   ReduceSpec rows = FullSum(1000);
   rows.outer = 8;
   p = PlaceReduce(rows, Gpus({1, 1}));
-  EXPECT_EQ(p.devices, (std::vector<int>{0}));
-  EXPECT_EQ(p.plan.shards, (std::vector<Shard>{{0, {0, 8}}}));
+  EXPECT_EQ(p.shards, (std::vector<Shard>{{0, {0, 8}}}));
 }
 
 TEST(PlaceByCost, HugeOperationUsesEveryDevice) {
   const GemmSpec huge = Gemm(16384, 16384, 16384);
-  Placement p = PlaceGemm(huge, Gpus({1, 1, 1, 1}));
-  EXPECT_EQ(p.devices, (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_EQ(p.plan.shards, PlanGemm(huge, std::vector<double>{1, 1, 1, 1}).shards);
+  ShardPlan p = PlaceGemm(huge, Gpus({1, 1, 1, 1}));
+  EXPECT_EQ(p.shards, PlanGemm(huge, std::vector<double>{1, 1, 1, 1}).shards);
   // A 1 GiB sum splits the reduced axis in whole chunks.
   p = PlaceReduce(FullSum(int64_t{1} << 28), Gpus({1, 1}));
-  EXPECT_EQ(p.devices, (std::vector<int>{0, 1}));
-  EXPECT_EQ(p.plan.axis, "axis");
+  EXPECT_EQ(Devices(p), (std::vector<int>{0, 1}));
+  EXPECT_EQ(p.axis, SplitAxis::kAxis);
 }
 
 TEST(PlaceByCost, OperandsEveryShardReadsCanMakeSplittingNotPay) {
   // M = 64 rows against a 128 MiB B: each shard would upload B in full.
-  EXPECT_EQ(PlaceGemm(Gemm(64, 8192, 8192), Gpus({1, 1})).devices, (std::vector<int>{0}));
+  EXPECT_EQ(Devices(PlaceGemm(Gemm(64, 8192, 8192), Gpus({1, 1}))), (std::vector<int>{0}));
   // With as many rows as columns, the rows are worth splitting.
-  EXPECT_EQ(PlaceGemm(Gemm(8192, 8192, 8192), Gpus({1, 1})).devices, (std::vector<int>{0, 1}));
+  EXPECT_EQ(Devices(PlaceGemm(Gemm(8192, 8192, 8192), Gpus({1, 1}))), (std::vector<int>{0, 1}));
 }
 
 TEST(PlaceByCost, DevicesGrowWithTheOperation) {
   int last = 1;
   for (int shift = 8; shift <= 30; ++shift) {
     const int count =
-        int(PlaceReduce(FullSum(int64_t{1} << shift), Gpus({1, 1, 1, 1})).devices.size());
+        int(PlaceReduce(FullSum(int64_t{1} << shift), Gpus({1, 1, 1, 1})).shards.size());
     EXPECT_GE(count, last) << "2^" << shift << " elements";
     last = count;
   }
@@ -244,32 +251,30 @@ TEST(PlaceByCost, DevicesGrowWithTheOperation) {
 }
 
 TEST(PlaceByCost, SmallestCountWithinToleranceAndWeightsDivideIt) {
-  // Seconds: 30 per shard plus one per 100 rows. Heaviest first: device 1
-  // (weight 3) alone 40; with device 2 (weight 2) 600 rows, 36; all three
-  // (1:3:2) 500 rows, 35. Two are within 5% of three.
+  // Seconds: 30 per shard plus one per 100 rows. Heaviest first: device 7
+  // (weight 3) alone 40; with device 9 (weight 2) 600 rows, 36; all three
+  // (1:3:2) 500 rows, 35. Two are within 5% of three. The plan names the
+  // candidates' device indices.
   const DeviceCost slow{30, 1, 0, 0};
-  const std::vector<CostedDevice> devices = {{1, slow}, {3, slow}, {2, slow}};
-  const Placement p = PlaceByCost(
+  const std::vector<CostedDevice> devices = {{5, 1, slow}, {7, 3, slow}, {9, 2, slow}};
+  const ShardPlan p = PlaceByCost(
       devices,
       [](absl::Span<const double> w) {
         ShardPlan plan;
-        plan.axis = "rows";
+        plan.axis = SplitAxis::kRows;
         plan.shards = SplitByWeight(1000, w);
         return plan;
       },
       [](const ShardPlan&, const Shard& shard) {
         return WorkCost{double(shard.range.size()) / 100, 0};
       });
-  EXPECT_EQ(p.devices, (std::vector<int>{1, 2}));  // candidate order
-  ASSERT_EQ(p.plan.shards.size(), 2u);
-  EXPECT_EQ(p.plan.shards[0], (Shard{0, {0, 600}}));
-  EXPECT_EQ(p.plan.shards[1], (Shard{1, {600, 1000}}));
+  // In candidate order.
+  EXPECT_EQ(p.shards, (std::vector<Shard>{{7, {0, 600}}, {9, {600, 1000}}}));
 }
 
 TEST(PlaceByCost, OneCandidateIsTheAnswer) {
-  const Placement p = PlaceGemm(Gemm(16384, 16384, 16384), Gpus({1}));
-  EXPECT_EQ(p.devices, (std::vector<int>{0}));
-  EXPECT_EQ(p.plan.shards.size(), 1u);
+  const ShardPlan p = PlaceGemm(Gemm(16384, 16384, 16384), Gpus({1}));
+  EXPECT_EQ(Devices(p), (std::vector<int>{0}));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // fp16 / bf16 conversions: round to nearest even, NaN and Inf kept, overflow
 // to Inf, subnormals exact.
-#include "server/common/dtype.h"
+#include "proto/dtype.h"
 
 #include <gtest/gtest.h>
 

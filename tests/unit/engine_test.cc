@@ -1,6 +1,6 @@
 // The engine over virtual CPU devices: weighted shards, the same results as
 // one device, option errors.
-#include "server/core/engine.h"
+#include "server/engine/engine.h"
 
 #include <gtest/gtest.h>
 
@@ -15,8 +15,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
-#include "server/core/reference.h"
-#include "server/device/cpu_device.h"
+#include "client/reference.h"
+#include "server/device/cpu/cpu_device.h"
 #include "tests/unit/core_test_util.h"
 #include "tests/unit/forwarding_device.h"
 
@@ -28,9 +28,9 @@ using testing::kAllDTypes;
 class CountingObserver : public ShardObserver {
  public:
   void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
-               const ShardRun& run) override {
+               const ShardTiming& shard) override {
     ++shards;
-    if (run.kernel_seconds < 0 || run.variant.empty()) ++bad;
+    if (shard.run.kernel_seconds < 0 || shard.run.variant.empty()) ++bad;
   }
   std::atomic<int> shards{0};
   std::atomic<int> bad{0};
@@ -43,7 +43,7 @@ class EngineTest : public ::testing::Test {
         four_("cpu", CreateCpuDevices(4, {1, 1, 2, 2}), &observer_) {}
 
   // Expects shard sizes in the ratio 1:1:2:2 of `unit` on devices 0..3.
-  static void ExpectWeightedShards(const OpResult& r, int64_t unit, const std::string& axis) {
+  static void ExpectWeightedShards(const OpResult& r, int64_t unit, SplitAxis axis) {
     ASSERT_EQ(r.shards.size(), 4u);
     const int64_t want[] = {unit, unit, 2 * unit, 2 * unit};
     int64_t next = 0;
@@ -53,7 +53,7 @@ class EngineTest : public ::testing::Test {
       EXPECT_EQ(r.shards[i].range.begin, next);
       EXPECT_EQ(r.shards[i].range.size(), want[i]) << "shard " << i;
       EXPECT_GE(r.shards[i].run.kernel_seconds, 0);
-      EXPECT_GT(r.shards[i].run.bytes, 0);
+      EXPECT_GT(r.shards[i].work.bytes, 0);
       next = r.shards[i].range.end;
     }
   }
@@ -70,7 +70,7 @@ TEST_F(EngineTest, GemmShardsByWeightAndMatchesOneDevice) {
     absl::StatusOr<OpResult> one = one_.Gemm(g.spec);
     ASSERT_TRUE(four.ok()) << four.status();
     ASSERT_TRUE(one.ok()) << one.status();
-    ExpectWeightedShards(*four, 100, "rows");
+    ExpectWeightedShards(*four, 100, SplitAxis::kRows);
     EXPECT_EQ(four->backend, "cpu");
     EXPECT_EQ(four->output.shape, g.spec.out_shape);
     const double rtol = reference::Rtol(dtype, 127);
@@ -90,7 +90,7 @@ TEST_F(EngineTest, GemvShardsByWeightAndMatchesOneDevice) {
     absl::StatusOr<OpResult> one = one_.Gemv(g.spec);
     ASSERT_TRUE(four.ok()) << four.status();
     ASSERT_TRUE(one.ok()) << one.status();
-    ExpectWeightedShards(*four, 1000, "rows");
+    ExpectWeightedShards(*four, 1000, SplitAxis::kRows);
     const double rtol = reference::Rtol(dtype, 127);
     const double atol = rtol * (2 * std::sqrt(127.0) + 1);
     EXPECT_EQ(reference::CompareClose(testing::Doubles(four->output), testing::Doubles(one->output),
@@ -110,7 +110,7 @@ TEST_F(EngineTest, ReduceOverOuterRowsIsBitwiseOneDevice) {
       absl::StatusOr<OpResult> one = one_.Reduce(r.spec);
       ASSERT_TRUE(four.ok()) << four.status();
       ASSERT_TRUE(one.ok()) << one.status();
-      ExpectWeightedShards(*four, 10, "outer");
+      ExpectWeightedShards(*four, 10, SplitAxis::kOuter);
       EXPECT_EQ(four->output.data, one->output.data);
     }
   }
@@ -135,7 +135,7 @@ TEST_F(EngineTest, ReduceOverTheAxisIsBitwiseOneDevice) {
         ASSERT_TRUE(four.ok()) << four.status();
         ASSERT_TRUE(one.ok()) << one.status();
         ASSERT_EQ(four->shards.size(), 4u);
-        EXPECT_EQ(four->shards[0].axis, "axis");
+        EXPECT_EQ(four->shards[0].axis, SplitAxis::kAxis);
         EXPECT_EQ(four->output.data, one->output.data)
             << "shape[0] " << c.shape[0] << " kind " << int(kind);
         // And right.
@@ -157,7 +157,7 @@ TEST_F(EngineTest, ReduceOverTheAxisIsBitwiseOneDevice) {
       testing::MakeReduce(DType::kFloat32, {12 * kReduceChunk}, -1, ReduceKind::kSum);
   absl::StatusOr<OpResult> four = four_.Reduce(r.spec);
   ASSERT_TRUE(four.ok());
-  ExpectWeightedShards(*four, 2 * kReduceChunk, "axis");
+  ExpectWeightedShards(*four, 2 * kReduceChunk, SplitAxis::kAxis);
 }
 
 TEST_F(EngineTest, ReduceWithEmptyAxisOrEmptyOutput) {
@@ -192,7 +192,7 @@ TEST_F(EngineTest, TransposeShardsByWeightAndIsBitwiseOneDevice) {
     absl::StatusOr<OpResult> one = one_.Transpose(t.spec);
     ASSERT_TRUE(four.ok()) << four.status();
     ASSERT_TRUE(one.ok()) << one.status();
-    ExpectWeightedShards(*four, 100, "out_blocks");
+    ExpectWeightedShards(*four, 100, SplitAxis::kOutBlocks);
     EXPECT_EQ(four->output.data, one->output.data);
     EXPECT_EQ(testing::Doubles(four->output), t.Reference());
   }
@@ -206,7 +206,7 @@ TEST_F(EngineTest, AttentionShardsByWeightAndIsBitwiseOneDevice) {
     absl::StatusOr<OpResult> one = one_.Attention(a.spec);
     ASSERT_TRUE(four.ok()) << four.status();
     ASSERT_TRUE(one.ok()) << one.status();
-    ExpectWeightedShards(*four, 2, "heads");
+    ExpectWeightedShards(*four, 2, SplitAxis::kHeads);
     EXPECT_EQ(four->output.data, one->output.data);
     ASSERT_TRUE(four->lse.has_value());
     EXPECT_EQ(four->lse->shape, (std::vector<int64_t>{2, 6, 33}));
@@ -223,7 +223,7 @@ TEST_F(EngineTest, AttentionShardsByWeightAndIsBitwiseOneDevice) {
     one = one_.Attention(b.spec);
     ASSERT_TRUE(four.ok()) << four.status();
     ASSERT_TRUE(one.ok()) << one.status();
-    ExpectWeightedShards(*four, 100, "query_rows");
+    ExpectWeightedShards(*four, 100, SplitAxis::kQueryRows);
     EXPECT_FALSE(four->lse.has_value());
     EXPECT_EQ(four->output.data, one->output.data);
   }
@@ -266,10 +266,12 @@ TEST_F(EngineTest, EveryNamedVariantRuns) {
   EXPECT_EQ(four_.Variants(OpKind::kTranspose), (std::vector<std::string>{"cpu_blocked"}));
 }
 
+// Repeated indices are validation's to refuse (validate_test); the engine
+// knows which indices exist.
 TEST_F(EngineTest, BadDeviceIndicesAreInvalidArgument) {
   testing::GemvCase g = testing::MakeGemv(DType::kFloat32, 7, 7, 1);
-  for (std::vector<int> devices : {std::vector<int>{4}, std::vector<int>{-1},
-                                   std::vector<int>{0, 7}, std::vector<int>{1, 1}}) {
+  for (std::vector<int> devices :
+       {std::vector<int>{4}, std::vector<int>{-1}, std::vector<int>{0, 7}}) {
     g.spec.options.devices = devices;
     absl::StatusOr<OpResult> r = four_.Gemv(g.spec);
     ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -299,7 +301,7 @@ TEST_F(EngineTest, CpuDevicesSplitEvenTinyOperations) {
   testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 6, 1, 1);
   absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
   ASSERT_TRUE(r.ok()) << r.status();
-  ExpectWeightedShards(*r, 1, "rows");
+  ExpectWeightedShards(*r, 1, SplitAxis::kRows);
 }
 
 TEST_F(EngineTest, EmptyOutputsRunNoShard) {
@@ -388,7 +390,7 @@ TEST(EngineHealth, DefaultChunkPartialsGiveTheSameBits) {
     absl::StatusOr<OpResult> b = plain.Reduce(r.spec);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ(a->shards[0].axis, "axis");
+    EXPECT_EQ(a->shards[0].axis, SplitAxis::kAxis);
     EXPECT_EQ(a->shards.size(), 3u);
     EXPECT_EQ(a->output.data, b->output.data);
   }
@@ -664,18 +666,16 @@ TEST(EngineAdmission, DeadlineAndCancellationEndTheWait) {
   std::thread a([&] { first = engine.Gemm(g.spec); });
   WaitFor([&] { return entered.load() == 1; });
 
-  testing::GemmCase late = g;
-  late.spec.options.deadline = absl::Now() + absl::Milliseconds(50);
-  absl::StatusOr<OpResult> r = engine.Gemm(late.spec);
+  absl::StatusOr<OpResult> r =
+      engine.Gemm(g.spec, CallContext{absl::Now() + absl::Milliseconds(50), nullptr});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "deadline passed")) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "--device_max_inflight_bytes of device 0"))
       << r.status();
 
   std::atomic<bool> gone{false};
-  testing::GemmCase cancelled = g;
-  cancelled.spec.options.cancelled = [&gone] { return gone.load(); };
-  std::thread c([&] { r = engine.Gemm(cancelled.spec); });
+  const CallContext cancelled{absl::InfiniteFuture(), [&gone] { return gone.load(); }};
+  std::thread c([&] { r = engine.Gemm(g.spec, cancelled); });
   absl::SleepFor(absl::Milliseconds(50));
   gone = true;
   c.join();
@@ -707,8 +707,8 @@ TEST(EngineAdmission, OperationsOverSeveralBoundedDevicesNeverDeadlock) {
                                   : t % 3 == 1 ? std::vector<int>{1, 0}
                                                : std::vector<int>{t % 2};
       for (int i = 0; i < 10; ++i) {
-        mine.spec.options.deadline = absl::Now() + absl::Seconds(10);
-        absl::StatusOr<OpResult> r = engine.Gemm(mine.spec);
+        absl::StatusOr<OpResult> r =
+            engine.Gemm(mine.spec, CallContext{absl::Now() + absl::Seconds(10), nullptr});
         if (!r.ok() ||
             !reference::CompareClose(testing::Doubles(r->output), mine.Reference(), 1e-4, 1e-5)
                  .empty()) {
@@ -722,6 +722,93 @@ TEST(EngineAdmission, OperationsOverSeveralBoundedDevicesNeverDeadlock) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(engine.InflightBytes(0), 0);
   EXPECT_EQ(engine.InflightBytes(1), 0);
+}
+
+// A CPU device that the cost model sees as a GPU: a fixed cost per shard and
+// 8-row GEMM/GEMV shards, so that the engine places operations as on the CUDA
+// backend (small ones on one device), and the chunked reduce its default.
+class GpuLikeDevice : public testing::ForwardingDevice {
+ public:
+  using ForwardingDevice::ForwardingDevice;
+  DeviceCost Cost(OpKind op, DType dtype) const override { return {150e-6, 8e9, 4000e9, 700e12}; }
+  int64_t RowGranularity(OpKind op) const override {
+    return op == OpKind::kGemm || op == OpKind::kGemv ? 8 : 1;
+  }
+};
+
+// Bytes and FLOPs summed over an operation's shards.
+WorkCost Total(const OpResult& r) {
+  WorkCost total;
+  for (const ShardTiming& s : r.shards) {
+    total.bytes += s.work.bytes;
+    total.flops += s.work.flops;
+  }
+  return total;
+}
+
+// The same request on a backend that splits everything (CPU) and on one
+// placed like GPUs reports the same FLOPs, those of the whole operation as
+// counted here from first principles: devices report only times, and the
+// engine attributes the cost model's work.
+TEST(EngineWork, BothBackendsReportTheWholeOperationsBytesAndFlops) {
+  Engine cpu("cpu", CreateCpuDevices(4, {1, 1, 2, 2}));
+  std::vector<std::unique_ptr<Device>> gpu_like;
+  for (std::unique_ptr<Device>& d : CreateCpuDevices(2, {})) {
+    gpu_like.push_back(std::make_unique<GpuLikeDevice>(std::move(d)));
+  }
+  Engine gpu("cuda", std::move(gpu_like));
+  auto expect_same = [&](const absl::StatusOr<OpResult>& a, const absl::StatusOr<OpResult>& b,
+                         double bytes, double flops, const char* what) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    // Split four ways on the CPU, over fewer devices by the cost model on
+    // the GPU-like ones.
+    EXPECT_EQ(a->shards.size(), 4u) << what;
+    EXPECT_LT(b->shards.size(), a->shards.size()) << what;
+    EXPECT_DOUBLE_EQ(Total(*a).flops, flops) << what;
+    EXPECT_DOUBLE_EQ(Total(*b).flops, flops) << what;
+    // Bytes are what each shard must move: the whole operation's on one
+    // device; more over several, as every shard reads what all of them need
+    // (B, K and V, the reduce's chunk partials).
+    for (const OpResult* r : {&*a, &*b}) {
+      if (r->shards.size() == 1) {
+        EXPECT_DOUBLE_EQ(Total(*r).bytes, bytes) << what;
+      } else {
+        EXPECT_GE(Total(*r).bytes, bytes) << what;
+      }
+    }
+  };
+
+  // Causal attention, Sq < Skv, GQA 4:2, with LSE: each query row i sees
+  // i + Skv - Sq + 1 keys.
+  {
+    const int64_t b = 2, hq = 4, hkv = 2, sq = 37, skv = 53, d = 32;
+    testing::AttentionCase a = testing::MakeAttention(DType::kBFloat16, b, hq, hkv, sq, skv, d,
+                                                      /*causal=*/true, /*return_lse=*/true);
+    double keys = 0;
+    for (int64_t i = 0; i < sq; ++i) keys += double(std::min(skv, i + skv - sq + 1));
+    const double flops = 4.0 * b * hq * keys * d;
+    const double bytes = 2.0 * (2 * b * hq * sq * d + 2 * b * hkv * skv * d) + 4.0 * b * hq * sq;
+    expect_same(cpu.Attention(a.spec), gpu.Attention(a.spec), bytes, flops, "attention");
+  }
+  // Batched GEMM with a shared B and a batched C, output in fp32.
+  {
+    const int64_t batch = 3, m = 40, n = 24, k = 17;
+    testing::GemmCase g = testing::MakeGemm(DType::kFloat16, batch, m, n, k, false, true, 1.0, 0.5,
+                                            /*b_batched=*/false, /*c_batched=*/true);
+    g.spec.options.output_dtype = DType::kFloat32;
+    const double flops = 2.0 * batch * m * n * k;
+    const double bytes = 2.0 * (batch * m * k + k * n + batch * m * n) + 4.0 * batch * m * n;
+    expect_same(cpu.Gemm(g.spec), gpu.Gemm(g.spec), bytes, flops, "gemm");
+  }
+  // A full reduction over whole chunks: partials per chunk, combined.
+  {
+    const int64_t n = 3 * kReduceChunk + 11;
+    testing::ReduceCase r = testing::MakeReduce(DType::kFloat32, {n}, -1, ReduceKind::kSum);
+    const double chunks = 4;
+    expect_same(cpu.Reduce(r.spec), gpu.Reduce(r.spec), 4.0 * n + 4.0 * chunks, double(n),
+                "reduce");
+  }
 }
 
 // A CPU device whose GEMM and GEMV shards begin at multiples of 8 rows, as a GPU's.

@@ -1,6 +1,6 @@
 // The allocator setting that lets large messages reuse freed memory: checked
 // through glibc's own statistics, in a thread of its own as gRPC's would be.
-#include "server/common/host_memory.h"
+#include "proto/host_memory.h"
 
 #include <gtest/gtest.h>
 #include <malloc.h>

@@ -67,16 +67,15 @@ std::vector<DeviceDescription> GpuPair() {
 }
 
 // A shard that copied both ways.
-ShardRun CopyingShard() {
-  ShardRun run;
-  run.variant = "v1";
-  run.kernel_seconds = 0.001;
-  run.h2d_seconds = 0.002;
-  run.d2h_seconds = 0.0005;
-  run.transfer_seconds = run.h2d_seconds + run.d2h_seconds;
-  run.h2d_bytes = 3e6;
-  run.d2h_bytes = 1e6;
-  return run;
+ShardTiming CopyingShard() {
+  ShardTiming shard;
+  shard.run.variant = "v1";
+  shard.run.kernel_seconds = 0.001;
+  shard.run.h2d_seconds = 0.002;
+  shard.run.d2h_seconds = 0.0005;
+  shard.run.h2d_bytes = 3e6;
+  shard.run.d2h_bytes = 1e6;
+  return shard;
 }
 
 TEST(MetricsTest, EveryFamilyExistsWithConventionalNames) {
@@ -86,9 +85,9 @@ TEST(MetricsTest, EveryFamilyExistsWithConventionalNames) {
   metrics.SetDevices(devices);
   // Kernel durations are exported from the first shard on (their label sets
   // are not known before).
-  ShardRun run;
-  run.variant = "naive";
-  metrics.OnShard(OpKind::kTranspose, DType::kFloat16, devices[0], run);
+  ShardTiming shard;
+  shard.run.variant = "naive";
+  metrics.OnShard(OpKind::kTranspose, DType::kFloat16, devices[0], shard);
   const std::map<std::string, std::string> types = Types(metrics.Scrape());
   const std::map<std::string, std::string> want = {
       {"gpucompute_requests_total", "counter"},
@@ -171,13 +170,12 @@ TEST(MetricsTest, ShardsMoveKernelSeriesAndDevicesAreListed) {
   EXPECT_EQ(Sample(text, R"(gpucompute_device_info{device="1",kind="cpu",name="cpu:1"})"), 1);
   EXPECT_EQ(Sample(text, R"(gpucompute_kernel_bytes_total{device="1",op="attention"})"), 0);
 
-  ShardRun run;
-  run.variant = "openblas";
-  run.kernel_seconds = 0.002;
-  run.bytes = 1e6;
-  run.flops = 3e9;
-  metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[1], run);
-  metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[1], run);
+  ShardTiming shard;
+  shard.run.variant = "openblas";
+  shard.run.kernel_seconds = 0.002;
+  shard.work = {1e6, 3e9};
+  metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[1], shard);
+  metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[1], shard);
   text = metrics.Scrape();
   EXPECT_EQ(Sample(text, R"(gpucompute_kernel_bytes_total{device="1",op="gemm"})"), 2e6);
   EXPECT_EQ(Sample(text, R"(gpucompute_kernel_flops_total{device="1",op="gemm"})"), 6e9);
@@ -202,13 +200,13 @@ TEST(MetricsTest, ShardsMoveTransferSeries) {
   metrics.OnShard(OpKind::kGemm, DType::kFloat16, devices[1], CopyingShard());
   metrics.OnShard(OpKind::kGemv, DType::kFloat32, devices[1], CopyingShard());
   // A shard that copied nothing back is not observed device to host.
-  ShardRun upload_only = CopyingShard();
-  upload_only.d2h_seconds = 0;
-  upload_only.d2h_bytes = 0;
+  ShardTiming upload_only = CopyingShard();
+  upload_only.run.d2h_seconds = 0;
+  upload_only.run.d2h_bytes = 0;
   metrics.OnShard(OpKind::kGemm, DType::kFloat16, devices[1], upload_only);
   // Nor is a CPU-style shard that copied nothing at all.
-  ShardRun cpu;
-  cpu.variant = "cpu";
+  ShardTiming cpu;
+  cpu.run.variant = "cpu";
   metrics.OnShard(OpKind::kReduce, DType::kFloat32, devices[1], cpu);
 
   text = metrics.Scrape();
@@ -316,10 +314,10 @@ TEST(MetricsTest, ServesHttpThatPromtoolAccepts) {
   });
   metrics.RequestStarted();
   metrics.RequestFinished("Echo", absl::StatusCode::kOk, 0.001);
-  ShardRun run;
-  run.variant = "cpu";
-  run.kernel_seconds = 1e-4;
-  metrics.OnShard(OpKind::kReduce, DType::kFloat32, devices[2], run);
+  ShardTiming reduce;
+  reduce.run.variant = "cpu";
+  reduce.run.kernel_seconds = 1e-4;
+  metrics.OnShard(OpKind::kReduce, DType::kFloat32, devices[2], reduce);
   metrics.OnShard(OpKind::kGemm, DType::kBFloat16, devices[0], CopyingShard());
 
   ASSERT_TRUE(metrics.Serve("127.0.0.1:0").ok());

@@ -113,14 +113,14 @@ TEST(Plans, GemmAndGemvSplitRowsOfTheOutput) {
   g.n = 5;
   g.k = 9;
   ShardPlan p = PlanGemm(g, kFour);
-  EXPECT_EQ(p.axis, "rows");
+  EXPECT_EQ(p.axis, SplitAxis::kRows);
   ExpectExactCover(p.shards, 127, 4);
 
   GemvSpec v;
   v.m = 3;
   v.k = 1000;
   p = PlanGemv(v, kFour);
-  EXPECT_EQ(p.axis, "rows");
+  EXPECT_EQ(p.axis, SplitAxis::kRows);
   ExpectExactCover(p.shards, 3, 4);
   EXPECT_EQ(p.shards.size(), 3u);
 }
@@ -154,7 +154,7 @@ TEST(Plans, ReduceSplitsOuterRowsOrTheAxisInWholeChunks) {
   r.axis_len = 1000;
   r.inner = 7;
   ShardPlan p = PlanReduce(r, kFour);
-  EXPECT_EQ(p.axis, "outer");
+  EXPECT_EQ(p.axis, SplitAxis::kOuter);
   ExpectExactCover(p.shards, 33, 4);
 
   // A full reduction of 10 chunks: the axis, in whole chunks.
@@ -162,7 +162,7 @@ TEST(Plans, ReduceSplitsOuterRowsOrTheAxisInWholeChunks) {
   r.inner = 1;
   r.axis_len = 10 * kReduceChunk - 5;
   p = PlanReduce(r, kFour);
-  EXPECT_EQ(p.axis, "axis");
+  EXPECT_EQ(p.axis, SplitAxis::kAxis);
   ExpectExactCover(p.shards, r.axis_len, 4);
   for (size_t i = 0; i + 1 < p.shards.size(); ++i) {
     EXPECT_EQ(p.shards[i].range.size() % kReduceChunk, 0);
@@ -172,14 +172,14 @@ TEST(Plans, ReduceSplitsOuterRowsOrTheAxisInWholeChunks) {
   r.outer = 2;
   r.axis_len = kReduceChunk;
   p = PlanReduce(r, kFour);
-  EXPECT_EQ(p.axis, "outer");
+  EXPECT_EQ(p.axis, SplitAxis::kOuter);
   ExpectExactCover(p.shards, 2, 4);
 
   // One device: always outer.
   r.outer = 1;
   r.axis_len = 100 * kReduceChunk;
   p = PlanReduce(r, std::vector<double>{1});
-  EXPECT_EQ(p.axis, "outer");
+  EXPECT_EQ(p.axis, SplitAxis::kOuter);
   ExpectExactCover(p.shards, 1, 1);
 
   // Empty output: nothing to run.
@@ -194,7 +194,7 @@ TEST(Plans, TransposeSplitsTheFewestLeadingOutputAxes) {
   t.in_shape = {2, 3, 50, 0};
   t.perm = {0, 1, 2, 0};  // out [2, 3, 50]
   ShardPlan p = PlanTranspose(t, kFour);
-  EXPECT_EQ(p.axis, "out_blocks");
+  EXPECT_EQ(p.axis, SplitAxis::kOutBlocks);
   EXPECT_EQ(p.prefix_axes, 2);  // 2 < 4 devices, 2*3 = 6 >= 4
   ExpectExactCover(p.shards, 6, 4);
 
@@ -229,7 +229,7 @@ TEST(Plans, AttentionSplitsHeadsThenQueryRows) {
   a.seq_kv = 100;
   a.head_dim = 64;
   ShardPlan p = PlanAttention(a, kFour);
-  EXPECT_EQ(p.axis, "heads");
+  EXPECT_EQ(p.axis, SplitAxis::kHeads);
   ExpectExactCover(p.shards, 12, 4);
   EXPECT_EQ(p.shards[0].range.size(), 2);
   EXPECT_EQ(p.shards[3].range.size(), 4);
@@ -238,7 +238,7 @@ TEST(Plans, AttentionSplitsHeadsThenQueryRows) {
   a.heads_q = 2;
   a.heads_kv = 1;
   p = PlanAttention(a, kFour);
-  EXPECT_EQ(p.axis, "query_rows");
+  EXPECT_EQ(p.axis, SplitAxis::kQueryRows);
   ExpectExactCover(p.shards, 100, 4);
 }
 

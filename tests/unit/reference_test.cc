@@ -1,5 +1,5 @@
 // The float64 oracle against small cases worked out by hand.
-#include "server/core/reference.h"
+#include "client/reference.h"
 
 #include <gtest/gtest.h>
 
@@ -48,20 +48,20 @@ TEST(ReferenceGemv, ColumnsTransposeAndBeta) {
 
 TEST(ReferenceReduce, KindsAxesAndNan) {
   const V x = {1, 2, 3, 4, 5, 6};  // [2, 3]
-  EXPECT_EQ(Reduce(x, 1, 6, 1, ReduceKind::kSum), (V{21}));
-  EXPECT_EQ(Reduce(x, 1, 6, 1, ReduceKind::kMean), (V{3.5}));
-  EXPECT_EQ(Reduce(x, 1, 2, 3, ReduceKind::kSum), (V{5, 7, 9}));  // axis 0
-  EXPECT_EQ(Reduce(x, 2, 3, 1, ReduceKind::kMax), (V{3, 6}));     // axis 1
-  EXPECT_EQ(Reduce(x, 2, 3, 1, ReduceKind::kMin), (V{1, 4}));
+  EXPECT_EQ(Reduce(x, 1, 6, 1, ReduceOp::kSum), (V{21}));
+  EXPECT_EQ(Reduce(x, 1, 6, 1, ReduceOp::kMean), (V{3.5}));
+  EXPECT_EQ(Reduce(x, 1, 2, 3, ReduceOp::kSum), (V{5, 7, 9}));  // axis 0
+  EXPECT_EQ(Reduce(x, 2, 3, 1, ReduceOp::kMax), (V{3, 6}));     // axis 1
+  EXPECT_EQ(Reduce(x, 2, 3, 1, ReduceOp::kMin), (V{1, 4}));
   const V y = {1, kNan, 3, 4, 5, -kInf};
-  const V max = Reduce(y, 2, 3, 1, ReduceKind::kMax);
+  const V max = Reduce(y, 2, 3, 1, ReduceOp::kMax);
   EXPECT_TRUE(std::isnan(max[0]));
   EXPECT_EQ(max[1], 5);
-  const V min = Reduce(y, 2, 3, 1, ReduceKind::kMin);
+  const V min = Reduce(y, 2, 3, 1, ReduceOp::kMin);
   EXPECT_TRUE(std::isnan(min[0]));
   EXPECT_EQ(min[1], -kInf);
-  EXPECT_TRUE(std::isnan(Reduce(V{}, 1, 0, 1, ReduceKind::kMean)[0]));
-  EXPECT_EQ(Reduce(V{}, 1, 0, 1, ReduceKind::kSum), (V{0}));
+  EXPECT_TRUE(std::isnan(Reduce(V{}, 1, 0, 1, ReduceOp::kMean)[0]));
+  EXPECT_EQ(Reduce(V{}, 1, 0, 1, ReduceOp::kSum), (V{0}));
 }
 
 TEST(ReferenceTranspose, MatrixAndThreeAxes) {

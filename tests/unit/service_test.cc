@@ -17,15 +17,15 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/reference.h"
 #include "gpucompute/v1/compute.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
-#include "server/core/admission.h"
-#include "server/core/reference.h"
+#include "server/backends.h"
+#include "server/engine/admission.h"
+#include "server/server.h"
 #include "server/service/convert.h"
-#include "server/service/devices.h"
-#include "server/service/server.h"
 #include "server/service/worker_pool.h"
 #include "tests/unit/forwarding_device.h"
 
@@ -167,13 +167,13 @@ TEST(ConvertTest, MoveToProtoSwapsTheBytesIn) {
 TEST(ConvertTest, TimingsGiveRatesOverKernelTime) {
   ShardTiming shard;
   shard.device = 2;
-  shard.axis = "rows";
+  shard.axis = SplitAxis::kRows;
   shard.range = {10, 20};
   shard.run.variant = "openblas";
   shard.run.kernel_seconds = 0.5;
-  shard.run.transfer_seconds = 0.25;
-  shard.run.bytes = 100;
-  shard.run.flops = 1000;
+  shard.run.h2d_seconds = 0.125;
+  shard.run.d2h_seconds = 0.125;
+  shard.work = {100, 1000};
   v1::Timings timings;
   FillTimings({shard}, 1.5, 0.125, &timings);
   EXPECT_EQ(timings.server_seconds(), 1.5);
@@ -425,7 +425,8 @@ TEST_F(ServerTest, BatchAnswersEveryItemWithItsOwnStatus) {
       reduce->set_op(v1::MAX);
       reduce->set_has_axis(true);
       reduce->set_axis(1);
-      want[item.id()] = reference::Reduce(Doubles(reduce->input()), 7, 33, 1, ReduceKind::kMax);
+      want[item.id()] =
+          reference::Reduce(Doubles(reduce->input()), 7, 33, 1, reference::ReduceOp::kMax);
     }
     ASSERT_TRUE(stream->Write(item));
   }
@@ -463,7 +464,8 @@ TEST_F(ServerTest, BatchReadAheadIsBoundedByBytesAndEveryItemIsAnswered) {
     v1::ReduceRequest* reduce = item.mutable_reduce();
     *reduce->mutable_input() = RandomTensor({10000}, rng_);  // 40 KB
     reduce->set_op(v1::SUM);
-    want[item.id()] = reference::Reduce(Doubles(reduce->input()), 1, 10000, 1, ReduceKind::kSum);
+    want[item.id()] =
+        reference::Reduce(Doubles(reduce->input()), 1, 10000, 1, reference::ReduceOp::kSum);
     ASSERT_TRUE(stream->Write(item));
   }
   stream->WritesDone();
@@ -618,6 +620,21 @@ DeviceSet DevicesWithDying(int dying) {
     set->devices[i] = std::make_unique<DyingDevice>(std::move(set->devices[i]));
   }
   return *std::move(set);
+}
+
+// Devices are numbered by their position, one index space for the engine,
+// the timings and the metrics.
+TEST(ServerCreateTest, DevicesOutOfTheirPositionsAreRefused) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "";
+  DeviceSet swapped = DevicesWithDying(0);
+  std::swap(swapped.devices[0], swapped.devices[1]);
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options, std::move(swapped));
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(server.status().message(), "expected its position"))
+      << server.status();
+  EXPECT_TRUE(Server::Create(options, DevicesWithDying(0)).ok());
 }
 
 class DeviceFailureTest : public ServerTest {

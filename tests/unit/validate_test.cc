@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "server/core/cost.h"
 
 namespace gpucompute {
 namespace {
@@ -580,6 +581,20 @@ TEST(FootprintTest, CountsInputsAndOutputs) {
   absl::StatusOr<ReduceSpec> reduce = ParseReduce(Reduce({10, 3}, v1::SUM));
   ASSERT_TRUE(reduce.ok());
   EXPECT_EQ(FootprintBytes(*reduce), 30 * 4 + 4);
+  absl::StatusOr<GemvSpec> gemv = ParseGemv(Gemv({9, 4}, {4, 3}));
+  ASSERT_TRUE(gemv.ok());
+  EXPECT_EQ(FootprintBytes(*gemv), (9 * 4 + 4 * 3 + 9 * 3) * 4);
+  absl::StatusOr<TransposeSpec> transpose = ParseTranspose(Transpose({2, 3, 5}, {2, 0, 1}));
+  ASSERT_TRUE(transpose.ok());
+  EXPECT_EQ(FootprintBytes(*transpose), 2 * 30 * 4);
+  // GQA: every K and V head once, whatever the query heads; the LSE in fp32.
+  v1::AttentionRequest a = Attention({2, 8, 16, 64}, {2, 2, 40, 64});
+  a.set_causal(true);
+  a.set_return_lse(true);
+  absl::StatusOr<AttentionSpec> attention = ParseAttention(a);
+  ASSERT_TRUE(attention.ok()) << attention.status();
+  EXPECT_EQ(FootprintBytes(*attention),
+            (2 * 2 * 16 * 64 * 8 + 2 * 2 * 2 * 40 * 64) * 4 + 2 * 8 * 16 * 4);
 }
 
 }  // namespace

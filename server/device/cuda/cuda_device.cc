@@ -16,6 +16,7 @@
 #include "gpucompute/kernels/transpose.h"
 #include "server/common/status_macros.h"
 #include "server/device/cuda/cuda_util.h"
+#include "server/device/cuda/shard_scope.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -79,10 +80,6 @@ std::vector<std::string> FastestFirst(const std::vector<std::string>& ladder) {
   return {ladder.rbegin(), ladder.rend()};
 }
 
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
 // Host rows of one dtype converted into another (for output dtypes that a
 // kernel cannot write directly).
 std::string ConvertHost(DType from, const void* src, DType to, int64_t n) {
@@ -114,134 +111,6 @@ absl::Status Refused(absl::string_view op, absl::string_view variant, absl::stri
 }
 
 }  // namespace
-
-// A lane held for one shard; returned when the lease ends.
-class CudaDevice::LaneLease {
- public:
-  explicit LaneLease(CudaDevice* device) : device_(device), lane_(device->AcquireLane()) {}
-  ~LaneLease() { device_->ReleaseLane(lane_); }
-  LaneLease(const LaneLease&) = delete;
-  LaneLease& operator=(const LaneLease&) = delete;
-  Lane* operator->() const { return lane_; }
-  Lane* get() const { return lane_; }
-
- private:
-  CudaDevice* device_;
-  Lane* lane_;
-};
-
-// Everything one shard holds: the current-device guard, a lane, device
-// allocations (freed in stream order when the scope ends, also on error),
-// and the events around its kernels.
-struct CudaDevice::ShardScope {
-  explicit ShardScope(CudaDevice* d)
-      : device(d), guard(d->ordinal_), lane(d), start(std::chrono::steady_clock::now()) {
-    ++device->inflight_;
-  }
-  ~ShardScope() {
-    for (void* p : allocations) cudaFreeAsync(p, lane->stream());
-    cudaStreamSynchronize(lane->stream());
-    if (kernel_begin) cudaEventDestroy(kernel_begin);
-    if (kernel_end) cudaEventDestroy(kernel_end);
-    // Clears a non-sticky error (e.g. an allocation failure) so that it does
-    // not surface in a later, unrelated call on this thread.
-    cudaGetLastError();
-    --device->inflight_;
-  }
-
-  // Device memory of `bytes` (at least 1) from the device pool, in stream order.
-  absl::StatusOr<void*> Alloc(size_t bytes) {
-    void* p = nullptr;
-    cudaError_t err =
-        cudaMallocFromPoolAsync(&p, std::max<size_t>(bytes, 256), device->pool_, lane->stream());
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      return device->Check(err, absl::StrCat("device allocation of ", bytes, " bytes"));
-    }
-    allocations.push_back(p);
-    return p;
-  }
-
-  // Upload with its time and bytes accounted as host to device.
-  absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t pitch) {
-    auto t = std::chrono::steady_clock::now();
-    absl::Status s = lane->Upload(dst, src, rows, row_bytes, pitch);
-    h2d_seconds += Seconds(t);
-    h2d_bytes += double(rows * row_bytes);
-    if (!s.ok()) {
-      // Marks the device unhealthy when the error is sticky; the upload's
-      // own error is what the caller sees either way.
-      (void)device->Check(cudaGetLastError(), s.message());
-    }
-    return s;
-  }
-
-  // Download with its time and bytes accounted as device to host. The work
-  // queued before it (the kernels) finishes first, so that the time is the
-  // copy's alone rather than the kernels' too; the download waited for that
-  // work anyway.
-  absl::Status Download(void* dst, size_t pitch, const void* src, size_t rows, size_t row_bytes) {
-    RETURN_IF_ERROR(device->Check(cudaStreamSynchronize(lane->stream()), "work before a download"));
-    auto t = std::chrono::steady_clock::now();
-    absl::Status s = lane->Download(dst, pitch, src, rows, row_bytes);
-    d2h_seconds += Seconds(t);
-    d2h_bytes += double(rows * row_bytes);
-    if (!s.ok()) {
-      cudaError_t err = cudaStreamQuery(lane->stream());
-      return err == cudaSuccess || err == cudaErrorNotReady ? s : device->Check(err, s.message());
-    }
-    return s;
-  }
-
-  // Brackets kernel launches with events.
-  absl::Status BeginKernels() {
-    if (!kernel_begin) {
-      RETURN_IF_ERROR(device->Check(cudaEventCreate(&kernel_begin), "cudaEventCreate"));
-      RETURN_IF_ERROR(device->Check(cudaEventCreate(&kernel_end), "cudaEventCreate"));
-    }
-    return device->Check(cudaEventRecord(kernel_begin, lane->stream()), "cudaEventRecord");
-  }
-  absl::Status EndKernels(cudaError_t launch, absl::string_view what) {
-    RETURN_IF_ERROR(device->Check(launch, what));
-    return device->Check(cudaEventRecord(kernel_end, lane->stream()), "cudaEventRecord");
-  }
-  // Kernel seconds once the stream has passed kernel_end (after a download).
-  absl::Status AddKernelTime() {
-    RETURN_IF_ERROR(device->Check(cudaEventSynchronize(kernel_end), "kernel completion"));
-    float ms = 0;
-    RETURN_IF_ERROR(
-        device->Check(cudaEventElapsedTime(&ms, kernel_begin, kernel_end), "cudaEventElapsedTime"));
-    kernel_seconds += ms * 1e-3;
-    return absl::OkStatus();
-  }
-
-  ShardRun Run(std::string variant, double bytes, double flops) const {
-    ShardRun r;
-    r.variant = variant.empty() ? "default" : std::move(variant);
-    r.kernel_seconds = kernel_seconds;
-    r.transfer_seconds = h2d_seconds + d2h_seconds;
-    r.h2d_seconds = h2d_seconds;
-    r.d2h_seconds = d2h_seconds;
-    r.h2d_bytes = h2d_bytes;
-    r.d2h_bytes = d2h_bytes;
-    r.bytes = bytes;
-    r.flops = flops;
-    return r;
-  }
-
-  CudaDevice* device;
-  DeviceGuard guard;
-  LaneLease lane;
-  std::chrono::steady_clock::time_point start;
-  std::vector<void*> allocations;
-  cudaEvent_t kernel_begin = nullptr;
-  cudaEvent_t kernel_end = nullptr;
-  double kernel_seconds = 0;
-  double h2d_seconds = 0;
-  double d2h_seconds = 0;
-  double h2d_bytes = 0;
-  double d2h_bytes = 0;
-};
 
 absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal, int index,
                                                                double weight,
@@ -312,15 +181,6 @@ DeviceMemory CudaDevice::MemoryUsage() const {
     memory.total_bytes = description_.memory_bytes;
   }
   return memory;
-}
-
-CudaDeviceStats CudaDevice::Stats() const {
-  CudaDeviceStats s;
-  const DeviceMemory memory = MemoryUsage();
-  s.memory_used_bytes = memory.used_bytes;
-  s.memory_total_bytes = memory.total_bytes;
-  s.inflight_shards = inflight_.load();
-  return s;
 }
 
 DeviceCost CudaDevice::Cost(OpKind op, DType dtype) const {
@@ -446,7 +306,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
   }
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
-      scope.EndKernels(k::LaunchGemm(args, variant, ws, scope.lane->stream()), "gemm launch"));
+      scope.EndKernels(k::LaunchGemm(args, variant, ws, scope.stream()), "gemm launch"));
   const size_t eo = DTypeSize(out_t);
   if (c_t == out_t) {
     RETURN_IF_ERROR(scope.Download(Ptr(c_out, rows.begin * s.n * eo), size_t(s.m * s.n) * eo, c,
@@ -459,9 +319,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
                 mr * s.n);
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  const double bytes = double(batch_a * mr * s.k + batch_b * s.k * s.n) * es +
-                       double(s.batch * mr * s.n) * eo * (s.beta != 0 ? 2 : 1);
-  return scope.Run(variant, bytes, 2.0 * double(s.batch) * mr * s.n * s.k);
+  return scope.Run(variant);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y_out) {
@@ -527,7 +385,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y
   }
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
-      scope.EndKernels(k::LaunchGemv(args, variant, ws, scope.lane->stream()), "gemv launch"));
+      scope.EndKernels(k::LaunchGemv(args, variant, ws, scope.stream()), "gemv launch"));
   const size_t eo = DTypeSize(out_t);
   void* dst = Ptr(y_out, rows.begin * s.ncols * eo);
   if (y_t == out_t) {
@@ -538,9 +396,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y
     FromFloat(out_t, tmp.data(), dst, mr * s.ncols);
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  const double bytes =
-      double(mr * s.k + s.k * s.ncols) * es + double(mr * s.ncols) * eo * (s.beta != 0 ? 2 : 1);
-  return scope.Run(variant, bytes, 2.0 * double(mr) * s.k * s.ncols);
+  return scope.Run(variant);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Range axis,
@@ -592,16 +448,15 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
   void* ws = nullptr;
   if (ws_bytes) {
     ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
-    RETURN_IF_ERROR(Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.lane->stream()), "memset"));
+    RETURN_IF_ERROR(scope.Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.stream()), "memset"));
   }
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
-      scope.EndKernels(k::LaunchReduce(args, variant, ws, scope.lane->stream()), "reduce launch"));
+      scope.EndKernels(k::LaunchReduce(args, variant, ws, scope.stream()), "reduce launch"));
   RETURN_IF_ERROR(scope.Download(partial ? out : Ptr(out, outer.begin * s.inner * eo), 0, o, 1,
                                  size_t(n_out) * eo));
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant, double(no * na * s.inner) * es + double(n_out) * eo,
-                   double(no * na * s.inner));
+  return scope.Run(variant);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range outer, Range axis,
@@ -647,7 +502,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
   void* ws = nullptr;
   if (ws_bytes) {
     ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
-    RETURN_IF_ERROR(Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.lane->stream()), "memset"));
+    RETURN_IF_ERROR(scope.Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.stream()), "memset"));
   }
   RETURN_IF_ERROR(scope.BeginKernels());
   cudaError_t err = cudaSuccess;
@@ -661,7 +516,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
       args.out = row_out;
       k::Support support = k::CanImplementReduce(args, variant);
       if (!support) return Refused("reduce", variant, support.reason);
-      err = k::LaunchReduce(args, variant, ws, scope.lane->stream());
+      err = k::LaunchReduce(args, variant, ws, scope.stream());
     }
     if (tail && err == cudaSuccess) {
       args.outer = 1;
@@ -670,7 +525,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
       args.out = row_out + full * s.inner;
       k::Support support = k::CanImplementReduce(args, variant);
       if (!support) return Refused("reduce", variant, support.reason);
-      err = k::LaunchReduce(args, variant, ws, scope.lane->stream());
+      err = k::LaunchReduce(args, variant, ws, scope.stream());
     }
   }
   RETURN_IF_ERROR(scope.EndKernels(err, "reduce launch"));
@@ -685,8 +540,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
                     size_t(s.inner) * 4);
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant, double(no * na * s.inner) * es + double(no * chunks * s.inner) * 4,
-                   double(no * na * s.inner));
+  return scope.Run(variant);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefix_axes,
@@ -740,7 +594,7 @@ absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefi
   RETURN_IF_ERROR(scope.Upload(in, src, up_rows, up_row_bytes, up_pitch));
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
-      scope.EndKernels(k::LaunchPermute(args, variant, scope.lane->stream()), "transpose launch"));
+      scope.EndKernels(k::LaunchPermute(args, variant, scope.stream()), "transpose launch"));
   const int64_t n_out = prefix.size() * out_inner;
   const void* o_part = Ptr(o, out_offset_units * out_inner * es);
   void* dst = Ptr(out, prefix.begin * out_inner * eo);
@@ -754,7 +608,7 @@ absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefi
     FromFloat(out_t, f.data(), dst, n_out);
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant, double(in_bytes) + double(device_units * out_inner) * es, 0);
+  return scope.Run(variant);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range heads, Range q_rows,
@@ -814,7 +668,6 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
           double(kMaxFp32ScoreBytes)) {
     variant = "reference";
   }
-  double flops = 0, bytes = 0;
   for (const Piece& p : pieces) {
     if (skv <= 0) {
       write_empty_rows(p);
@@ -870,7 +723,7 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
       ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
     }
     RETURN_IF_ERROR(scope.BeginKernels());
-    RETURN_IF_ERROR(scope.EndKernels(k::LaunchAttention(args, variant, ws, scope.lane->stream()),
+    RETURN_IF_ERROR(scope.EndKernels(k::LaunchAttention(args, variant, ws, scope.stream()),
                                      "attention launch"));
     for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
       const int64_t i = b - p.b0;
@@ -893,150 +746,8 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
       }
     }
     RETURN_IF_ERROR(scope.AddKernelTime());
-    const double pairs = s.causal ? 0.5 : 1.0;
-    flops += 4.0 * double(p.nb * p.nh) * qn * skv * d * pairs;
-    bytes += double(2 * q_bytes + 2 * kv_bytes);
   }
-  return scope.Run(variant, bytes, flops);
-}
-
-int CountUsableGpus() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
-
-namespace {
-
-// What a short bf16 GEMM and a device-to-device copy measure on one GPU.
-struct Calibration {
-  double gemm_flops_per_second = 0;
-  double copy_bytes_per_second = 0;  // read + written
-  // Relative speed: the geometric mean of the two. Identical GPUs come out
-  // within noise of each other; the caller normalises and rounds.
-  double Speed() const { return std::sqrt(gemm_flops_per_second * copy_bytes_per_second); }
-};
-
-// Calibrates `device` over a few milliseconds.
-absl::StatusOr<Calibration> Calibrate(CudaDevice& device) {
-  DeviceGuard guard(device.ordinal());
-  const int64_t n = 2048;
-  const size_t bytes = size_t(n * n) * 2;
-  const size_t copy_bytes = size_t{256} << 20;
-  void *a = nullptr, *b = nullptr, *c = nullptr, *src = nullptr, *dst = nullptr;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t e0 = nullptr, e1 = nullptr, e2 = nullptr;
-  auto cleanup = [&] {
-    if (stream) cudaStreamSynchronize(stream);
-    for (void* p : {a, b, c, src, dst}) cudaFree(p);
-    for (cudaEvent_t e : {e0, e1, e2})
-      if (e) cudaEventDestroy(e);
-    if (stream) cudaStreamDestroy(stream);
-    cudaGetLastError();
-  };
-  cudaError_t err = cudaSuccess;
-  for (auto [p, sz] :
-       {std::pair{&a, bytes}, {&b, bytes}, {&c, bytes}, {&src, copy_bytes}, {&dst, copy_bytes}})
-    if (err == cudaSuccess) err = cudaMalloc(p, sz);
-  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  for (cudaEvent_t* e : {&e0, &e1, &e2})
-    if (err == cudaSuccess) err = cudaEventCreate(e);
-  if (err == cudaSuccess) err = cudaMemsetAsync(a, 0x3c, bytes, stream);
-  if (err == cudaSuccess) err = cudaMemsetAsync(b, 0x3c, bytes, stream);
-  if (err == cudaSuccess) err = cudaMemsetAsync(src, 0x3c, copy_bytes, stream);
-  k::GemmArgs args;
-  args.m = args.n = args.k = n;
-  args.a = a;
-  args.b = b;
-  args.c = c;
-  args.lda = args.ldb = args.ldc = n;
-  args.ab_type = args.c_type = k::DType::kBF16;
-  const int reps = 5;
-  for (int i = 0; i < 2 && err == cudaSuccess; ++i) err = k::LaunchGemm(args, "", nullptr, stream);
-  if (err == cudaSuccess) err = cudaEventRecord(e0, stream);
-  for (int i = 0; i < reps && err == cudaSuccess; ++i)
-    err = k::LaunchGemm(args, "", nullptr, stream);
-  if (err == cudaSuccess) err = cudaEventRecord(e1, stream);
-  for (int i = 0; i < reps && err == cudaSuccess; ++i)
-    err = cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream);
-  if (err == cudaSuccess) err = cudaEventRecord(e2, stream);
-  if (err == cudaSuccess) err = cudaEventSynchronize(e2);
-  float gemm_ms = 0, copy_ms = 0;
-  if (err == cudaSuccess) err = cudaEventElapsedTime(&gemm_ms, e0, e1);
-  if (err == cudaSuccess) err = cudaEventElapsedTime(&copy_ms, e1, e2);
-  cleanup();
-  if (err != cudaSuccess) return CudaStatus(err, "calibration");
-  if (!(gemm_ms > 0) || !(copy_ms > 0)) {
-    return absl::InternalError("calibration: the GPU's events measured no time");
-  }
-  Calibration calibration;
-  calibration.gemm_flops_per_second = 2.0 * n * n * n * reps / (gemm_ms * 1e-3);
-  calibration.copy_bytes_per_second = 2.0 * copy_bytes * reps / (copy_ms * 1e-3);
-  return calibration;
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
-    const std::vector<int>& ordinals_in, const std::vector<double>& weights,
-    const CudaDeviceOptions& options) {
-  const int count = CountUsableGpus();
-  if (count == 0) return absl::NotFoundError("no usable CUDA device");
-  std::vector<int> ordinals = ordinals_in;
-  if (ordinals.empty())
-    for (int i = 0; i < count; ++i) ordinals.push_back(i);
-  for (int o : ordinals)
-    if (o < 0 || o >= count)
-      return absl::InvalidArgumentError(
-          absl::StrCat("--devices: GPU ", o, " does not exist (", count, " present)"));
-  if (!weights.empty() && weights.size() != ordinals.size())
-    return absl::InvalidArgumentError(absl::StrCat("--device_weights: ", weights.size(),
-                                                   " weights for ", ordinals.size(), " devices"));
-
-  std::vector<std::unique_ptr<CudaDevice>> devices;
-  for (size_t i = 0; i < ordinals.size(); ++i) {
-    ASSIGN_OR_RETURN(auto d, CudaDevice::Create(ordinals[i], int(i),
-                                                weights.empty() ? 1.0 : weights[i], options));
-    devices.push_back(std::move(d));
-  }
-  // Peer access for every pair that allows it.
-  for (size_t i = 0; i < devices.size(); ++i) {
-    std::vector<int> peers;
-    DeviceGuard guard(devices[i]->ordinal());
-    for (size_t j = 0; j < devices.size(); ++j) {
-      if (i == j) continue;
-      int can = 0;
-      if (cudaDeviceCanAccessPeer(&can, devices[i]->ordinal(), devices[j]->ordinal()) !=
-              cudaSuccess ||
-          !can)
-        continue;
-      cudaError_t err = cudaDeviceEnablePeerAccess(devices[j]->ordinal(), 0);
-      if (err == cudaErrorPeerAccessAlreadyEnabled) err = cudaSuccess;
-      cudaGetLastError();
-      if (err == cudaSuccess) peers.push_back(int(j));
-    }
-    devices[i]->set_peers(std::move(peers));
-  }
-  if (weights.empty() && devices.size() > 1) {
-    std::vector<double> speed;
-    for (auto& d : devices) {
-      ASSIGN_OR_RETURN(const Calibration calibration, Calibrate(*d));
-      d->set_calibration(calibration.gemm_flops_per_second, calibration.copy_bytes_per_second);
-      speed.push_back(calibration.Speed());
-    }
-    const double slowest = *std::min_element(speed.begin(), speed.end());
-    for (size_t i = 0; i < devices.size(); ++i) {
-      // Within 5% counts as equal: calibration noise must not skew shards.
-      double w = speed[i] / slowest;
-      devices[i]->set_weight(std::round(w * 20.0) / 20.0);
-    }
-  }
-  std::vector<std::unique_ptr<Device>> out;
-  for (auto& d : devices) out.push_back(std::move(d));
-  return out;
+  return scope.Run(variant);
 }
 
 }  // namespace gpucompute::cuda

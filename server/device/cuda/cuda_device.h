@@ -1,11 +1,12 @@
 // The CUDA device: one GPU behind the Device interface, running our kernels
 // (gc_kernels) on streams of its own.
 //
-// Each shard leases a lane (a stream with pinned staging buffers), takes its
-// device memory from the device's stream-ordered pool (cudaMallocAsync, never
-// cudaMalloc per request), uploads the inputs it needs in pipelined chunks,
-// launches the kernels between CUDA events, and downloads its part of the
-// output. Out of memory is RESOURCE_EXHAUSTED and leaves nothing allocated;
+// Each shard holds a ShardScope (shard_scope.h): a leased lane (a stream with
+// pinned staging buffers), device memory from the device's stream-ordered
+// pool (cudaMallocAsync, never cudaMalloc per request), pipelined uploads of
+// the inputs it needs, its kernels between CUDA events, and the download of
+// its part of the output. Creation, peer access and calibration of the GPUs
+// are backend.h's. Out of memory is RESOURCE_EXHAUSTED and leaves nothing allocated;
 // an error that poisons the CUDA context marks the device unhealthy so the
 // engine stops giving it work.
 #ifndef GPUCOMPUTE_SERVER_DEVICE_CUDA_CUDA_DEVICE_H_
@@ -32,13 +33,6 @@ struct CudaDeviceOptions {
   int staging_buffers = 3;
   // The memory pool keeps up to this many freed bytes for reuse.
   uint64_t pool_release_threshold_bytes = uint64_t{4} << 30;
-};
-
-// Live counters of one device, read by the metrics layer.
-struct CudaDeviceStats {
-  int64_t memory_used_bytes = 0;
-  int64_t memory_total_bytes = 0;
-  int inflight_shards = 0;
 };
 
 class CudaDevice : public Device {
@@ -87,12 +81,9 @@ class CudaDevice : public Device {
     tensor_flops_per_second_ = tensor_flops_per_second;
     memory_bytes_per_second_ = memory_bytes_per_second;
   }
-  CudaDeviceStats Stats() const;
 
  private:
-  class LaneLease;
-  friend class LaneLease;
-  struct ShardScope;
+  friend class ShardScope;
 
   CudaDevice() = default;
 
@@ -107,7 +98,6 @@ class CudaDevice : public Device {
   int ordinal_ = 0;
   DeviceDescription description_;
   std::atomic<bool> healthy_{true};
-  std::atomic<int> inflight_{0};
   cudaMemPool_t pool_ = nullptr;
   double tensor_flops_per_second_ = 0;  // calibrated; 0: not calibrated
   double memory_bytes_per_second_ = 0;  // calibrated; 0: not calibrated
@@ -116,19 +106,6 @@ class CudaDevice : public Device {
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<Lane*> free_lanes_ ABSL_GUARDED_BY(mu_);
 };
-
-// Number of usable GPUs (0 when there is no driver or no device).
-int CountUsableGpus();
-
-// Creates one CudaDevice per ordinal in `ordinals` (all GPUs when empty),
-// with server indices 0..n-1, enables peer access between every pair that
-// allows it (recorded as each device's peers), and sets weights: `weights`
-// when given (one per device), otherwise calibrated by a short GEMM and copy
-// on each device. Errors: NOT_FOUND without a GPU, INVALID_ARGUMENT for a bad
-// ordinal or weight count, or the CUDA error.
-absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
-    const std::vector<int>& ordinals, const std::vector<double>& weights,
-    const CudaDeviceOptions& options);
 
 }  // namespace gpucompute::cuda
 

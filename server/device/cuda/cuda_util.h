@@ -5,9 +5,8 @@
 
 #include <cuda_runtime.h>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace gpucompute::cuda {
 

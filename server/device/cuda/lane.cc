@@ -10,8 +10,8 @@ namespace {
 
 // Walks `rows` rows of `row_bytes` laid out with `pitch` as one byte stream:
 // copies the stream bytes [offset, offset + n) to or from a dense buffer.
-void GatherRows(void* dense, const void* rows_base, size_t row_bytes, size_t pitch,
-                size_t offset, size_t n) {
+void GatherRows(void* dense, const void* rows_base, size_t row_bytes, size_t pitch, size_t offset,
+                size_t n) {
   auto* out = static_cast<char*>(dense);
   const auto* base = static_cast<const char*>(rows_base);
   if (pitch == row_bytes) {
@@ -28,8 +28,8 @@ void GatherRows(void* dense, const void* rows_base, size_t row_bytes, size_t pit
   }
 }
 
-void ScatterRows(void* rows_base, const void* dense, size_t row_bytes, size_t pitch,
-                 size_t offset, size_t n) {
+void ScatterRows(void* rows_base, const void* dense, size_t row_bytes, size_t pitch, size_t offset,
+                 size_t n) {
   const auto* in = static_cast<const char*>(dense);
   auto* base = static_cast<char*>(rows_base);
   if (pitch == row_bytes) {
@@ -113,8 +113,8 @@ absl::Status Lane::Download(void* dst, size_t dst_pitch, const void* src, size_t
   auto issue = [&](size_t i) -> absl::Status {
     const size_t b = i % nb, off = i * chunk_bytes_;
     const size_t n = std::min(chunk_bytes_, total - off);
-    absl::Status s = CudaStatus(cudaMemcpyAsync(buffers_[b], static_cast<const char*>(src) + off,
-                                                n, cudaMemcpyDeviceToHost, stream_),
+    absl::Status s = CudaStatus(cudaMemcpyAsync(buffers_[b], static_cast<const char*>(src) + off, n,
+                                                cudaMemcpyDeviceToHost, stream_),
                                 "device-to-host copy");
     if (!s.ok()) return s;
     s = CudaStatus(cudaEventRecord(ready_[b], stream_), "cudaEventRecord");

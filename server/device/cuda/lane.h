@@ -31,8 +31,7 @@ class Lane {
   // memory is gathered into the pinned buffers chunk by chunk; the gather of
   // chunk i+1 overlaps the DMA of chunk i. Returns once every chunk is
   // enqueued: `src` may be reused then, dst is valid in stream order.
-  absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes,
-                      size_t src_pitch);
+  absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t src_pitch);
 
   // Copies dense device memory at src (in stream order after prior work) into
   // `rows` host rows of `row_bytes` each (row i at dst + i * dst_pitch).
@@ -50,9 +49,9 @@ class Lane {
   int ordinal_ = 0;
   cudaStream_t stream_ = nullptr;
   size_t chunk_bytes_ = 0;
-  std::vector<void*> buffers_;       // pinned
-  std::vector<cudaEvent_t> ready_;   // buffer i may be reused once ready_[i] completes
-  std::vector<bool> pending_;        // ready_[i] was recorded and not yet waited for
+  std::vector<void*> buffers_;      // pinned
+  std::vector<cudaEvent_t> ready_;  // buffer i may be reused once ready_[i] completes
+  std::vector<bool> pending_;       // ready_[i] was recorded and not yet waited for
 };
 
 }  // namespace gpucompute::cuda

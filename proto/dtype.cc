@@ -1,4 +1,4 @@
-#include "server/common/dtype.h"
+#include "proto/dtype.h"
 
 #include <cstring>
 

@@ -1,7 +1,7 @@
 // The gpucompute server: the Compute service plus health, reflection and
 // metrics, over the devices of one backend.
-#ifndef GPUCOMPUTE_SERVER_SERVICE_SERVER_H_
-#define GPUCOMPUTE_SERVER_SERVICE_SERVER_H_
+#ifndef GPUCOMPUTE_SERVER_SERVER_H_
+#define GPUCOMPUTE_SERVER_SERVER_H_
 
 #include <cstdint>
 #include <memory>
@@ -15,11 +15,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
-#include "server/core/admission.h"
-#include "server/core/engine.h"
+#include "server/backends.h"
+#include "server/engine/admission.h"
+#include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
 #include "server/service/compute_service.h"
-#include "server/service/devices.h"
 #include "server/service/worker_pool.h"
 
 namespace gpucompute {
@@ -67,7 +67,8 @@ class Server {
   static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options);
   // The same over `devices` as given (the backend, device and weight options
   // are not used): for embedding the service over devices of one's own.
-  // INVALID_ARGUMENT when `devices` is empty.
+  // INVALID_ARGUMENT when `devices` is empty or a device's
+  // description().index is not its position.
   static absl::StatusOr<std::unique_ptr<Server>> Create(ServerOptions options, DeviceSet devices);
 
   // Shuts down (see Shutdown) if still serving.
@@ -121,4 +122,4 @@ class Server {
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_SERVICE_SERVER_H_
+#endif  // GPUCOMPUTE_SERVER_SERVER_H_

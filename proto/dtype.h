@@ -1,6 +1,6 @@
 // Element types and conversions between them on the host.
-#ifndef GPUCOMPUTE_SERVER_COMMON_DTYPE_H_
-#define GPUCOMPUTE_SERVER_COMMON_DTYPE_H_
+#ifndef GPUCOMPUTE_PROTO_DTYPE_H_
+#define GPUCOMPUTE_PROTO_DTYPE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -36,4 +36,4 @@ double LoadAsDouble(DType t, const void* data, int64_t i);
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_COMMON_DTYPE_H_
+#endif  // GPUCOMPUTE_PROTO_DTYPE_H_

@@ -1,7 +1,9 @@
-// The compute core: plans each operation over the devices, runs the shards
-// concurrently, gathers the result. No protobuf, no gRPC.
-#ifndef GPUCOMPUTE_SERVER_CORE_ENGINE_H_
-#define GPUCOMPUTE_SERVER_CORE_ENGINE_H_
+// The engine: places each operation on the devices (server/core/cost.h),
+// runs the shards concurrently, gathers the result, and attributes to every
+// shard the bytes and FLOPs the cost model gives its part. No protobuf, no
+// gRPC.
+#ifndef GPUCOMPUTE_SERVER_ENGINE_ENGINE_H_
+#define GPUCOMPUTE_SERVER_ENGINE_ENGINE_H_
 
 #include <atomic>
 #include <functional>
@@ -11,20 +13,31 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/core/admission.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "server/core/cost.h"
 #include "server/core/ops.h"
 #include "server/core/planner.h"
 #include "server/device/device.h"
+#include "server/engine/admission.h"
 
 namespace gpucompute {
 
-// Timing of one shard as reported to clients and metrics.
+// The call an operation belongs to, beside its spec: how long the operation
+// may wait for room on its devices (per-device admission) and whether its
+// caller has gone.
+struct CallContext {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // may be empty: never cancelled
+};
+
+// One shard as reported to clients and metrics.
 struct ShardTiming {
-  int device = 0;
-  std::string axis;
+  int device = 0;  // the device's index
+  SplitAxis axis = SplitAxis::kRows;
   Range range;
-  ShardRun run;
+  ShardRun run;   // what the device measured
+  WorkCost work;  // the bytes and FLOPs of its part (server/core/cost.h)
 };
 
 // The result of one operation.
@@ -43,7 +56,7 @@ class ShardObserver {
  public:
   virtual ~ShardObserver() = default;
   virtual void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
-                       const ShardRun& run) = 0;
+                       const ShardTiming& shard) = 0;
 };
 
 class Engine {
@@ -66,18 +79,19 @@ class Engine {
   // their weights divide it among them. A device with a fixed cost per shard
   // (a GPU) keeps a small operation to itself; devices without one (the CPU
   // backend) split every operation over every candidate. An empty output is
-  // returned at once, with no shards.
+  // returned at once, with no shards. REQUIRES: a validated spec
+  // (server/service/validate.h; options.devices free of repeats).
   // Errors: INVALID_ARGUMENT for an unknown variant or device index (naming
   // options.variant / options.devices), UNAVAILABLE when no healthy device is
   // left, RESOURCE_EXHAUSTED (naming --device_max_inflight_bytes) when a
-  // shard alone exceeds its device's in-flight bound or options.deadline
-  // passes while waiting for room, CANCELLED when options.cancelled() turns
-  // true while waiting, or the first shard's error.
-  absl::StatusOr<OpResult> Gemm(const GemmSpec& spec);
-  absl::StatusOr<OpResult> Gemv(const GemvSpec& spec);
-  absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec);
-  absl::StatusOr<OpResult> Transpose(const TransposeSpec& spec);
-  absl::StatusOr<OpResult> Attention(const AttentionSpec& spec);
+  // shard alone exceeds its device's in-flight bound or call.deadline passes
+  // while waiting for room, CANCELLED when call.cancelled() turns true while
+  // waiting, or the first shard's error.
+  absl::StatusOr<OpResult> Gemm(const GemmSpec& spec, const CallContext& call = {});
+  absl::StatusOr<OpResult> Gemv(const GemvSpec& spec, const CallContext& call = {});
+  absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec, const CallContext& call = {});
+  absl::StatusOr<OpResult> Transpose(const TransposeSpec& spec, const CallContext& call = {});
+  absl::StatusOr<OpResult> Attention(const AttentionSpec& spec, const CallContext& call = {});
 
   const std::string& backend() const { return backend_; }
   int num_devices() const { return static_cast<int>(devices_.size()); }
@@ -95,43 +109,45 @@ class Engine {
   std::vector<std::string> Variants(OpKind op) const;
 
  private:
+  using PlanFor = std::function<ShardPlan(absl::Span<const double> weights)>;
+  using ShardWork = std::function<WorkCost(const ShardPlan& plan, const Shard& shard)>;
+  using RunShard = std::function<absl::StatusOr<ShardRun>(Device& device, const Shard& shard)>;
+
   // Resolves options.devices (or every healthy device) into the candidate
-  // indices; validates options.variant against them.
+  // device indices; validates options.variant against them.
   absl::StatusOr<std::vector<int>> SelectDevices(OpKind op, const OpOptions& options) const;
   // The largest Device::RowGranularity(op) of the devices: GEMM and GEMV
   // shards begin at multiples of it on any of them.
   int64_t RowGranularity(OpKind op) const;
-  // Chooses the devices that run an operation among `candidates` by their
-  // weights and their costs for `op` on `dtype` (PlaceByCost) and plans it
-  // over them. The placement's devices are device indices, like candidates.
-  Placement Place(OpKind op, DType dtype, const std::vector<int>& candidates,
-                  const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
-                  const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work) const;
+  // Chooses the devices among `candidates` that run an operation, by their
+  // weights and their costs for `op` on `dtype` (PlaceByCost), and plans it
+  // over them: shard.device is a device index.
+  ShardPlan Place(OpKind op, DType dtype, const std::vector<int>& candidates,
+                  const PlanFor& plan_for, const ShardWork& shard_work) const;
   // The whole of an operation whose shards each write their own part of one
   // output (GEMM, GEMV, transpose): selects and places devices, allocates the
   // output (returned at once when empty) and runs the shards.
   absl::StatusOr<OpResult> RunPartitioned(
-      OpKind op, DType dtype, const OpOptions& options, const std::vector<int64_t>& out_shape,
-      const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
-      const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
+      OpKind op, DType dtype, const OpOptions& options, const CallContext& call,
+      const std::vector<int64_t>& out_shape, const PlanFor& plan_for, const ShardWork& shard_work,
       const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&, void*)>&
           run_shard);
-  // Holds room on each device of `placement` for the bytes of its shards
+  // Holds room on each device of `plan` for the bytes of its shards
   // (`shard_work(plan, shard).bytes`), taken in device index order so that
   // operations waiting for several devices never wait on one another in a
   // cycle; adds the time waited to `result->device_wait_seconds`. The
   // tickets give the room back when destroyed.
-  absl::StatusOr<std::vector<Admission::Ticket>> AdmitShards(
-      const Placement& placement,
-      const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
-      const OpOptions& options, OpResult* result);
-  // Runs every shard of `plan` on its device (shard.device indexes
-  // `selected`) concurrently: the first on the calling thread, each other on a
-  // thread of its own. Reports each to the observer; returns the timings in
-  // plan order, or the first failed shard's error.
-  absl::StatusOr<std::vector<ShardTiming>> RunShards(
-      OpKind op, DType dtype, const ShardPlan& plan, const std::vector<int>& selected,
-      const std::function<absl::StatusOr<ShardRun>(Device&, const Shard&)>& run_shard);
+  absl::StatusOr<std::vector<Admission::Ticket>> AdmitShards(const ShardPlan& plan,
+                                                             const ShardWork& shard_work,
+                                                             const CallContext& call,
+                                                             OpResult* result);
+  // Runs every shard of `plan` on its device concurrently: the first on the
+  // calling thread, each other on a thread of its own. Attributes to each
+  // shard `shard_work(plan, shard)` and reports it to the observer; returns
+  // the timings in plan order, or the first failed shard's error.
+  absl::StatusOr<std::vector<ShardTiming>> RunShards(OpKind op, DType dtype, const ShardPlan& plan,
+                                                     const ShardWork& shard_work,
+                                                     const RunShard& run_shard);
 
   std::string backend_;
   std::vector<std::unique_ptr<Device>> devices_;
@@ -142,4 +158,4 @@ class Engine {
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_CORE_ENGINE_H_
+#endif  // GPUCOMPUTE_SERVER_ENGINE_ENGINE_H_

@@ -1,4 +1,4 @@
-#include "server/core/reference.h"
+#include "client/reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,32 +52,32 @@ std::vector<double> Gemv(const std::vector<double>& a, const std::vector<double>
 }
 
 std::vector<double> Reduce(const std::vector<double>& in, int64_t outer, int64_t axis_len,
-                           int64_t inner, ReduceKind kind) {
+                           int64_t inner, ReduceOp kind) {
   std::vector<double> out(static_cast<size_t>(outer * inner));
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t i = 0; i < inner; ++i) {
       double acc = 0;
-      if (kind == ReduceKind::kMax) acc = -std::numeric_limits<double>::infinity();
-      if (kind == ReduceKind::kMin) acc = std::numeric_limits<double>::infinity();
+      if (kind == ReduceOp::kMax) acc = -std::numeric_limits<double>::infinity();
+      if (kind == ReduceOp::kMin) acc = std::numeric_limits<double>::infinity();
       bool nan = false;
       for (int64_t a = 0; a < axis_len; ++a) {
         const double x = in[size_t((o * axis_len + a) * inner + i)];
         nan = nan || std::isnan(x);
         switch (kind) {
-          case ReduceKind::kSum:
-          case ReduceKind::kMean:
+          case ReduceOp::kSum:
+          case ReduceOp::kMean:
             acc += x;
             break;
-          case ReduceKind::kMax:
+          case ReduceOp::kMax:
             acc = std::max(acc, x);
             break;
-          case ReduceKind::kMin:
+          case ReduceOp::kMin:
             acc = std::min(acc, x);
             break;
         }
       }
       if (nan) acc = std::numeric_limits<double>::quiet_NaN();
-      if (kind == ReduceKind::kMean) acc /= static_cast<double>(axis_len);
+      if (kind == ReduceOp::kMean) acc /= static_cast<double>(axis_len);
       out[size_t(o * inner + i)] = acc;
     }
   }

@@ -1,4 +1,4 @@
-#include "server/core/admission.h"
+#include "server/engine/admission.h"
 
 #include <algorithm>
 #include <utility>

@@ -2,8 +2,8 @@
 // requests served at once (--max_inflight_bytes) and each device's bound on
 // the bytes of the shards it holds (--device_max_inflight_bytes). Bounded
 // memory under load; first come, first served.
-#ifndef GPUCOMPUTE_SERVER_CORE_ADMISSION_H_
-#define GPUCOMPUTE_SERVER_CORE_ADMISSION_H_
+#ifndef GPUCOMPUTE_SERVER_ENGINE_ADMISSION_H_
+#define GPUCOMPUTE_SERVER_ENGINE_ADMISSION_H_
 
 #include <cstdint>
 #include <deque>
@@ -80,4 +80,4 @@ class Admission {
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_CORE_ADMISSION_H_
+#endif  // GPUCOMPUTE_SERVER_ENGINE_ADMISSION_H_

@@ -1,4 +1,4 @@
-#include "server/service/server.h"
+#include "server/server.h"
 
 #include <unistd.h>
 
@@ -16,8 +16,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/backends.h"
 #include "server/common/status_macros.h"
-#include "server/service/devices.h"
 
 namespace gpucompute {
 namespace {
@@ -97,6 +97,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, DeviceSet devices) {
   RETURN_IF_ERROR(CheckOptions(options));
   if (devices.devices.empty()) return absl::InvalidArgumentError("no devices to serve");
+  // One index space: a device's index is its position, in the engine, the
+  // timings and the metrics alike.
+  for (size_t i = 0; i < devices.devices.size(); ++i) {
+    if (devices.devices[i]->description().index != static_cast<int>(i)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", i, " describes itself as device ",
+                       devices.devices[i]->description().index, "; expected its position"));
+    }
+  }
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& opts = server->options_;
 

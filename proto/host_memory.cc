@@ -1,4 +1,4 @@
-#include "server/common/host_memory.h"
+#include "proto/host_memory.h"
 
 #include <malloc.h>
 

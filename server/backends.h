@@ -1,8 +1,8 @@
 // The backend factory: the one place that knows which Device implementations
 // exist. Handlers and the engine see only the Device interface, so the CUDA
 // backend slots in here.
-#ifndef GPUCOMPUTE_SERVER_SERVICE_DEVICES_H_
-#define GPUCOMPUTE_SERVER_SERVICE_DEVICES_H_
+#ifndef GPUCOMPUTE_SERVER_BACKENDS_H_
+#define GPUCOMPUTE_SERVER_BACKENDS_H_
 
 #include <cstdint>
 #include <memory>
@@ -47,4 +47,4 @@ absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options);
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_SERVICE_DEVICES_H_
+#endif  // GPUCOMPUTE_SERVER_BACKENDS_H_

@@ -1,15 +1,14 @@
 // Float64 reference implementations of every operation, on plain row-major
-// arrays of doubles. The oracle for unit tests, integration tests and the
-// CLI's --check; never on a serving path.
-#ifndef GPUCOMPUTE_SERVER_CORE_REFERENCE_H_
-#define GPUCOMPUTE_SERVER_CORE_REFERENCE_H_
+// arrays of doubles: the client's oracle (the CLI's --check) and the tests'.
+// The server never uses it.
+#ifndef GPUCOMPUTE_CLIENT_REFERENCE_H_
+#define GPUCOMPUTE_CLIENT_REFERENCE_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "server/common/dtype.h"
-#include "server/core/ops.h"
+#include "proto/dtype.h"
 
 namespace gpucompute::reference {
 
@@ -28,10 +27,12 @@ std::vector<double> Gemv(const std::vector<double>& a, const std::vector<double>
                          const std::vector<double>* y, int64_t m, int64_t k, int64_t ncols,
                          bool trans_a, double alpha, double beta);
 
+enum class ReduceOp : int { kSum = 0, kMax, kMin, kMean };
+
 // Reduces `in` viewed as [outer, axis_len, inner] along the middle axis.
 // MAX/MIN propagate NaN. Returns [outer, inner].
 std::vector<double> Reduce(const std::vector<double>& in, int64_t outer, int64_t axis_len,
-                           int64_t inner, ReduceKind kind);
+                           int64_t inner, ReduceOp op);
 
 // numpy.transpose(in.reshape(shape), perm).ravel().
 std::vector<double> Transpose(const std::vector<double>& in, const std::vector<int64_t>& shape,
@@ -64,4 +65,4 @@ std::string CompareClose(const std::vector<double>& got, const std::vector<doubl
 
 }  // namespace gpucompute::reference
 
-#endif  // GPUCOMPUTE_SERVER_CORE_REFERENCE_H_
+#endif  // GPUCOMPUTE_CLIENT_REFERENCE_H_

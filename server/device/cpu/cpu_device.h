@@ -1,9 +1,10 @@
 // The CPU backend: virtual CPU devices that run every operation on the host.
 // fp32 GEMM and GEMV go through OpenBLAS's CBLAS (single-threaded calls spread
 // over the device's own thread pool); reduce, transpose and attention are our
-// own code. Half types are converted to fp32 and accumulate in fp32.
-#ifndef GPUCOMPUTE_SERVER_DEVICE_CPU_DEVICE_H_
-#define GPUCOMPUTE_SERVER_DEVICE_CPU_DEVICE_H_
+// own code (kernels.h, one file per operation). Half types are converted to
+// fp32 and accumulate in fp32.
+#ifndef GPUCOMPUTE_SERVER_DEVICE_CPU_CPU_DEVICE_H_
+#define GPUCOMPUTE_SERVER_DEVICE_CPU_CPU_DEVICE_H_
 
 #include <memory>
 #include <string>
@@ -68,4 +69,4 @@ std::vector<std::unique_ptr<Device>> CreateCpuDevices(int count,
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_DEVICE_CPU_DEVICE_H_
+#endif  // GPUCOMPUTE_SERVER_DEVICE_CPU_CPU_DEVICE_H_

@@ -11,8 +11,8 @@
 // 0.52 -> 2.4 GB/s; a 64^3 GEMM at concurrency 16, 13-15k -> 19k requests/s.
 // Keeping only 1 GiB, 512 MiB messages fell back to 0.87 GB/s: each one
 // holds several buffers of its size at once.
-#ifndef GPUCOMPUTE_SERVER_COMMON_HOST_MEMORY_H_
-#define GPUCOMPUTE_SERVER_COMMON_HOST_MEMORY_H_
+#ifndef GPUCOMPUTE_PROTO_HOST_MEMORY_H_
+#define GPUCOMPUTE_PROTO_HOST_MEMORY_H_
 
 #include <cstdint>
 
@@ -32,4 +32,4 @@ absl::Status KeepFreedHostMemory(int64_t retain_bytes);
 
 }  // namespace gpucompute
 
-#endif  // GPUCOMPUTE_SERVER_COMMON_HOST_MEMORY_H_
+#endif  // GPUCOMPUTE_PROTO_HOST_MEMORY_H_

@@ -1,4 +1,4 @@
-#include "server/service/devices.h"
+#include "server/backends.h"
 
 #include <cmath>
 #include <utility>
@@ -6,9 +6,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
-#include "server/device/cpu_device.h"
+#include "server/device/cpu/cpu_device.h"
 #ifdef GPUCOMPUTE_WITH_CUDA
-#include "server/device/cuda/cuda_device.h"
+#include "server/device/cuda/backend.h"
 #endif
 
 namespace gpucompute {

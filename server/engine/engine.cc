@@ -1,4 +1,4 @@
-#include "server/core/engine.h"
+#include "server/engine/engine.h"
 
 #include <algorithm>
 #include <cmath>
@@ -82,7 +82,6 @@ absl::StatusOr<std::vector<int>> Engine::SelectDevices(OpKind op, const OpOption
       if (devices_[i]->healthy()) selected.push_back(i);
     }
   } else {
-    std::vector<bool> seen(n, false);
     for (int index : options.devices) {
       if (index < 0 || index >= n) {
         return absl::InvalidArgumentError(
@@ -90,11 +89,6 @@ absl::StatusOr<std::vector<int>> Engine::SelectDevices(OpKind op, const OpOption
                          n == 1 ? " device (index 0)" : " devices (indices 0 to ",
                          n == 1 ? "" : absl::StrCat(n - 1, ")")));
       }
-      if (seen[index]) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("options.devices: device ", index, " is listed twice"));
-      }
-      seen[index] = true;
       if (devices_[index]->healthy()) selected.push_back(index);
     }
   }
@@ -116,34 +110,34 @@ absl::StatusOr<std::vector<int>> Engine::SelectDevices(OpKind op, const OpOption
   return selected;
 }
 
-absl::StatusOr<std::vector<Admission::Ticket>> Engine::AdmitShards(
-    const Placement& placement,
-    const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
-    const OpOptions& options, OpResult* result) {
+absl::StatusOr<std::vector<Admission::Ticket>> Engine::AdmitShards(const ShardPlan& plan,
+                                                                   const ShardWork& shard_work,
+                                                                   const CallContext& call,
+                                                                   OpResult* result) {
   std::map<int, int64_t> bytes;  // by device index: taken in this order
-  for (const Shard& shard : placement.plan.shards) {
-    bytes[placement.devices[shard.device]] +=
-        static_cast<int64_t>(std::ceil(shard_work(placement.plan, shard).bytes));
+  for (const Shard& shard : plan.shards) {
+    bytes[shard.device] += static_cast<int64_t>(std::ceil(shard_work(plan, shard).bytes));
   }
-  const auto cancelled = [&options] { return options.cancelled && options.cancelled(); };
+  const auto cancelled = [&call] { return call.cancelled && call.cancelled(); };
   std::vector<Admission::Ticket> tickets;
   const absl::Time start = absl::Now();
   for (const auto& [device, held] : bytes) {
     ASSIGN_OR_RETURN(Admission::Ticket ticket,
-                     device_admission_[device]->Admit(held, options.deadline, cancelled));
+                     device_admission_[device]->Admit(held, call.deadline, cancelled));
     tickets.push_back(std::move(ticket));
   }
   result->device_wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   return tickets;
 }
 
-absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(
-    OpKind op, DType dtype, const ShardPlan& plan, const std::vector<int>& selected,
-    const std::function<absl::StatusOr<ShardRun>(Device&, const Shard&)>& run_shard) {
+absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(OpKind op, DType dtype,
+                                                           const ShardPlan& plan,
+                                                           const ShardWork& shard_work,
+                                                           const RunShard& run_shard) {
   const size_t count = plan.shards.size();
   std::vector<absl::StatusOr<ShardRun>> runs(count, absl::UnknownError("shard did not run"));
   auto run_one = [&](size_t s) {
-    const int device = selected[plan.shards[s].device];
+    const int device = plan.shards[s].device;
     // Counted in flight for as long as the device holds the shard, also when
     // it throws.
     struct InflightScope {
@@ -186,55 +180,53 @@ absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(
       if (first_error.ok()) first_error = runs[s].status();
       continue;
     }
-    const int device = selected[plan.shards[s].device];
+    const Shard& shard = plan.shards[s];
+    ShardTiming timing{shard.device, plan.axis, shard.range, *std::move(runs[s]),
+                       shard_work(plan, shard)};
     if (observer_ != nullptr) {
-      observer_->OnShard(op, dtype, devices_[device]->description(), *runs[s]);
+      observer_->OnShard(op, dtype, devices_[shard.device]->description(), timing);
     }
-    timings.push_back({device, plan.axis, plan.shards[s].range, *std::move(runs[s])});
+    timings.push_back(std::move(timing));
   }
   if (!first_error.ok()) return first_error;
   return timings;
 }
 
-Placement Engine::Place(
-    OpKind op, DType dtype, const std::vector<int>& candidates,
-    const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
-    const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work) const {
+ShardPlan Engine::Place(OpKind op, DType dtype, const std::vector<int>& candidates,
+                        const PlanFor& plan_for, const ShardWork& shard_work) const {
   std::vector<CostedDevice> costed;
   costed.reserve(candidates.size());
   for (int index : candidates) {
-    costed.push_back({devices_[index]->description().weight, devices_[index]->Cost(op, dtype)});
+    costed.push_back(
+        {index, devices_[index]->description().weight, devices_[index]->Cost(op, dtype)});
   }
-  Placement placement = PlaceByCost(costed, plan_for, shard_work);
-  for (int& device : placement.devices) device = candidates[device];
-  return placement;
+  return PlaceByCost(costed, plan_for, shard_work);
 }
 
 absl::StatusOr<OpResult> Engine::RunPartitioned(
-    OpKind op, DType dtype, const OpOptions& options, const std::vector<int64_t>& out_shape,
-    const std::function<ShardPlan(absl::Span<const double>)>& plan_for,
-    const std::function<WorkCost(const ShardPlan&, const Shard&)>& shard_work,
+    OpKind op, DType dtype, const OpOptions& options, const CallContext& call,
+    const std::vector<int64_t>& out_shape, const PlanFor& plan_for, const ShardWork& shard_work,
     const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&, void*)>&
         run_shard) {
   ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(op, options));
-  const Placement placement = Place(op, dtype, candidates, plan_for, shard_work);
+  const ShardPlan plan = Place(op, dtype, candidates, plan_for, shard_work);
   OpResult result;
   result.backend = backend_;
   ASSIGN_OR_RETURN(result.output, AllocateOutput(options.output_dtype, out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
-                   AdmitShards(placement, shard_work, options, &result));
+                   AdmitShards(plan, shard_work, call, &result));
   void* out = result.output.mutable_data();
-  ASSIGN_OR_RETURN(result.shards, RunShards(op, dtype, placement.plan, placement.devices,
-                                            [&](Device& device, const Shard& shard) {
-                                              return run_shard(device, placement.plan, shard, out);
-                                            }));
+  ASSIGN_OR_RETURN(result.shards,
+                   RunShards(op, dtype, plan, shard_work, [&](Device& device, const Shard& shard) {
+                     return run_shard(device, plan, shard, out);
+                   }));
   return result;
 }
 
-absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
+absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec, const CallContext& call) {
   return RunPartitioned(
-      OpKind::kGemm, spec.dtype, spec.options, spec.out_shape,
+      OpKind::kGemm, spec.dtype, spec.options, call, spec.out_shape,
       [&, rows = RowGranularity(OpKind::kGemm)](absl::Span<const double> weights) {
         return PlanGemm(spec, weights, rows);
       },
@@ -244,9 +236,9 @@ absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec) {
       });
 }
 
-absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
+absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec, const CallContext& call) {
   return RunPartitioned(
-      OpKind::kGemv, spec.dtype, spec.options, spec.out_shape,
+      OpKind::kGemv, spec.dtype, spec.options, call, spec.out_shape,
       [&, rows = RowGranularity(OpKind::kGemv)](absl::Span<const double> weights) {
         return PlanGemv(spec, weights, rows);
       },
@@ -256,14 +248,14 @@ absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec) {
       });
 }
 
-absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
+absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec, const CallContext& call) {
   ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(OpKind::kReduce, spec.options));
   const Range whole_axis{0, spec.axis_len}, all_outer{0, spec.outer};
-  const auto shard_work = [&](const ShardPlan& plan, const Shard& shard) {
-    return plan.axis == "outer" ? ReduceWork(spec, shard.range, whole_axis, false)
-                                : ReduceWork(spec, all_outer, shard.range, true);
+  const ShardWork shard_work = [&](const ShardPlan& plan, const Shard& shard) {
+    return plan.axis == SplitAxis::kOuter ? ReduceWork(spec, shard.range, whole_axis, false)
+                                          : ReduceWork(spec, all_outer, shard.range, true);
   };
-  const Placement placement = Place(
+  const ShardPlan plan = Place(
       OpKind::kReduce, spec.input.dtype, candidates,
       [&](absl::Span<const double> weights) { return PlanReduce(spec, weights); }, shard_work);
   OpResult result;
@@ -272,18 +264,18 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
   ASSIGN_OR_RETURN(result.output, AllocateOutput(out_dtype, spec.out_shape, "output"));
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
-                   AdmitShards(placement, shard_work, spec.options, &result));
+                   AdmitShards(plan, shard_work, call, &result));
   void* out = result.output.mutable_data();
-  if (placement.plan.axis == "outer") {
-    ASSIGN_OR_RETURN(result.shards,
-                     RunShards(OpKind::kReduce, spec.input.dtype, placement.plan, placement.devices,
-                               [&](Device& device, const Shard& shard) {
-                                 return device.Reduce(spec, shard.range, whole_axis, false, out);
-                               }));
+  if (plan.axis == SplitAxis::kOuter) {
+    ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
+                                              [&](Device& device, const Shard& shard) {
+                                                return device.Reduce(spec, shard.range, whole_axis,
+                                                                     false, out);
+                                              }));
     return result;
   }
 
-  // "axis": one fp32 partial per chunk of the axis ([chunks, outer, inner]),
+  // kAxis: one fp32 partial per chunk of the axis ([chunks, outer, inner]),
   // each computed alone, then combined in the fixed order of
   // reduce_combine.h — the order a single device uses for a whole row.
   const int64_t outputs = spec.outer * spec.inner;
@@ -295,7 +287,7 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
     return OutOfMemory("partial sums");
   }
   ASSIGN_OR_RETURN(result.shards,
-                   RunShards(OpKind::kReduce, spec.input.dtype, placement.plan, placement.devices,
+                   RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
                              [&](Device& device, const Shard& shard) {
                                const int64_t first_chunk = shard.range.begin / kReduceChunk;
                                return device.ReduceChunks(spec, all_outer, shard.range,
@@ -313,9 +305,9 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec) {
   return result;
 }
 
-absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec) {
+absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec, const CallContext& call) {
   return RunPartitioned(
-      OpKind::kTranspose, spec.input.dtype, spec.options, spec.out_shape,
+      OpKind::kTranspose, spec.input.dtype, spec.options, call, spec.out_shape,
       [&](absl::Span<const double> weights) { return PlanTranspose(spec, weights); },
       [&](const ShardPlan& plan, const Shard& shard) {
         return TransposeWork(spec, plan.prefix_axes, shard.range);
@@ -325,15 +317,15 @@ absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec) {
       });
 }
 
-absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
+absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec, const CallContext& call) {
   ASSIGN_OR_RETURN(const std::vector<int> candidates,
                    SelectDevices(OpKind::kAttention, spec.options));
   const Range all_heads{0, spec.batch * spec.heads_q}, all_rows{0, spec.seq_q};
-  const auto shard_work = [&](const ShardPlan& plan, const Shard& shard) {
-    return plan.axis == "heads" ? AttentionWork(spec, shard.range, all_rows)
-                                : AttentionWork(spec, all_heads, shard.range);
+  const ShardWork shard_work = [&](const ShardPlan& plan, const Shard& shard) {
+    return plan.axis == SplitAxis::kHeads ? AttentionWork(spec, shard.range, all_rows)
+                                          : AttentionWork(spec, all_heads, shard.range);
   };
-  const Placement placement = Place(
+  const ShardPlan plan = Place(
       OpKind::kAttention, spec.dtype, candidates,
       [&](absl::Span<const double> weights) { return PlanAttention(spec, weights); }, shard_work);
   OpResult result;
@@ -347,15 +339,15 @@ absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec) {
   }
   if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
   ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
-                   AdmitShards(placement, shard_work, spec.options, &result));
+                   AdmitShards(plan, shard_work, call, &result));
   void* out = result.output.mutable_data();
-  const bool by_heads = placement.plan.axis == "heads";
-  ASSIGN_OR_RETURN(result.shards,
-                   RunShards(OpKind::kAttention, spec.dtype, placement.plan, placement.devices,
-                             [&](Device& device, const Shard& shard) {
-                               return device.Attention(spec, by_heads ? shard.range : all_heads,
-                                                       by_heads ? all_rows : shard.range, out, lse);
-                             }));
+  const bool by_heads = plan.axis == SplitAxis::kHeads;
+  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kAttention, spec.dtype, plan, shard_work,
+                                            [&](Device& device, const Shard& shard) {
+                                              return device.Attention(
+                                                  spec, by_heads ? shard.range : all_heads,
+                                                  by_heads ? all_rows : shard.range, out, lse);
+                                            }));
   return result;
 }
 

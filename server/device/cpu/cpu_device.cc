@@ -1,0 +1,162 @@
+// The CPU device: variant names, timing and error mapping around the CPU
+// kernels (kernels.h), each shard spread over the device's own ThreadPool.
+#include "server/device/cpu/cpu_device.h"
+
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/common/status_macros.h"
+#include "server/device/cpu/kernels.h"
+
+namespace gpucompute {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return int64_t{pages} * int64_t{page_size};
+}
+
+// Runs `kernel` (which may throw std::bad_alloc from its working buffers) as
+// one shard of `op` named `variant`, timed on the host clock; an allocation
+// failure is RESOURCE_EXHAUSTED.
+template <typename Kernel>
+absl::StatusOr<ShardRun> Timed(OpKind op, std::string variant, Kernel&& kernel) {
+  ShardRun run;
+  run.variant = std::move(variant);
+  const auto start = Clock::now();
+  try {
+    kernel();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        std::string(OpName(op)), ": out of host memory for the shard's working buffers"));
+  }
+  run.kernel_seconds = SecondsSince(start);
+  return run;
+}
+
+}  // namespace
+
+CpuDevice::CpuDevice(DeviceDescription description, int threads)
+    : description_(std::move(description)), pool_(std::make_unique<ThreadPool>(threads)) {
+  description_.kind = "cpu";
+  description_.compute_units = threads;
+  // Every CBLAS call runs single-threaded on the calling thread; parallelism
+  // comes from our pools, so virtual devices do not contend for OpenBLAS's.
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+CpuDevice::~CpuDevice() = default;
+
+std::vector<std::string> CpuDevice::Variants(OpKind op) const {
+  auto list = [](const auto& names) {
+    return std::vector<std::string>(std::begin(names), std::end(names));
+  };
+  switch (op) {
+    case OpKind::kGemm:
+      return list(kCpuGemmVariants);
+    case OpKind::kGemv:
+      return list(kCpuGemvVariants);
+    case OpKind::kReduce:
+      return list(kCpuReduceVariants);
+    case OpKind::kTranspose:
+      return list(kCpuTransposeVariants);
+    case OpKind::kAttention:
+      return list(kCpuAttentionVariants);
+  }
+  return {};
+}
+
+absl::StatusOr<int> CpuDevice::ResolveVariant(OpKind op, const std::string& name) const {
+  if (name.empty()) return 0;
+  const std::vector<std::string> variants = Variants(op);
+  for (size_t i = 0; i < variants.size(); ++i) {
+    if (variants[i] == name) return static_cast<int>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("options.variant: unknown variant '", name,
+                                                 "' for ", std::string(OpName(op)),
+                                                 "; available: ", absl::StrJoin(variants, ", ")));
+}
+
+absl::StatusOr<ShardRun> CpuDevice::Gemm(const GemmSpec& spec, Range rows, void* c_out) {
+  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kGemm, spec.options.variant));
+  return Timed(OpKind::kGemm, Variants(OpKind::kGemm)[variant],
+               [&] { cpu::GemmRows(*pool_, spec, rows, /*naive=*/variant == 1, c_out); });
+}
+
+absl::StatusOr<ShardRun> CpuDevice::Gemv(const GemvSpec& spec, Range rows, void* y_out) {
+  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kGemv, spec.options.variant));
+  return Timed(OpKind::kGemv, Variants(OpKind::kGemv)[variant],
+               [&] { cpu::GemvRows(*pool_, spec, rows, /*naive=*/variant == 1, y_out); });
+}
+
+absl::StatusOr<ShardRun> CpuDevice::Reduce(const ReduceSpec& spec, Range outer, Range axis,
+                                           bool partial, void* out) {
+  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kReduce, spec.options.variant));
+  const cpu::ReduceOutput mode = partial ? cpu::ReduceOutput::kPartial : cpu::ReduceOutput::kFinal;
+  return Timed(OpKind::kReduce, Variants(OpKind::kReduce)[variant],
+               [&] { cpu::ReduceRows(*pool_, spec, outer, axis, mode, out); });
+}
+
+absl::StatusOr<ShardRun> CpuDevice::ReduceChunks(const ReduceSpec& spec, Range outer, Range axis,
+                                                 float* out) {
+  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kReduce, spec.options.variant));
+  return Timed(OpKind::kReduce, Variants(OpKind::kReduce)[variant], [&] {
+    cpu::ReduceRows(*pool_, spec, outer, axis, cpu::ReduceOutput::kChunkPartials, out);
+  });
+}
+
+absl::StatusOr<ShardRun> CpuDevice::Transpose(const TransposeSpec& spec, int prefix_axes,
+                                              Range prefix, void* out) {
+  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kTranspose, spec.options.variant));
+  return Timed(OpKind::kTranspose, Variants(OpKind::kTranspose)[variant],
+               [&] { cpu::TransposePrefix(*pool_, spec, prefix_axes, prefix, out); });
+}
+
+absl::StatusOr<ShardRun> CpuDevice::Attention(const AttentionSpec& spec, Range heads, Range q_rows,
+                                              void* o_out, float* lse_out) {
+  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kAttention, spec.options.variant));
+  return Timed(OpKind::kAttention, Variants(OpKind::kAttention)[variant],
+               [&] { cpu::AttentionRows(*pool_, spec, heads, q_rows, o_out, lse_out); });
+}
+
+std::vector<std::unique_ptr<Device>> CreateCpuDevices(int count,
+                                                      const std::vector<double>& weights) {
+  std::vector<std::unique_ptr<Device>> devices;
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = std::max(1, hardware / std::max(count, 1));
+  const int64_t memory = PhysicalMemoryBytes() / std::max(count, 1);
+  for (int i = 0; i < count; ++i) {
+    DeviceDescription d;
+    d.index = i;
+    d.kind = "cpu";
+    d.name = absl::StrCat("cpu:", i, " (", threads, threads == 1 ? " thread)" : " threads)");
+    d.memory_bytes = memory;
+    d.weight = weights.empty() ? 1.0 : weights[i];
+    for (int p = 0; p < count; ++p) {
+      if (p != i) d.peers.push_back(p);
+    }
+    devices.push_back(std::make_unique<CpuDevice>(std::move(d), threads));
+  }
+  return devices;
+}
+
+}  // namespace gpucompute

@@ -1,0 +1,82 @@
+// Everything one shard holds on a CUDA device while it runs: the current
+// device, a lane (stream and pinned staging) leased for the whole shard,
+// device allocations from the device's stream-ordered pool (freed in stream
+// order when the scope ends, also on error), and the events around its
+// kernels. It accounts the shard's copy and kernel times.
+#ifndef GPUCOMPUTE_SERVER_DEVICE_CUDA_SHARD_SCOPE_H_
+#define GPUCOMPUTE_SERVER_DEVICE_CUDA_SHARD_SCOPE_H_
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "server/device/cuda/cuda_device.h"
+#include "server/device/cuda/cuda_util.h"
+#include "server/device/device.h"
+
+namespace gpucompute::cuda {
+
+class ShardScope {
+ public:
+  // Makes `device` current and leases one of its lanes, waiting while all
+  // are busy. `device` must outlive the scope.
+  explicit ShardScope(CudaDevice* device);
+  // Frees the allocations in stream order, waits for the lane's stream,
+  // returns the lane and clears a non-sticky error so that it does not
+  // surface in a later, unrelated call on this thread.
+  ~ShardScope();
+  ShardScope(const ShardScope&) = delete;
+  ShardScope& operator=(const ShardScope&) = delete;
+
+  cudaStream_t stream() const { return lane_->stream(); }
+
+  // Device memory of `bytes` (at least 256) from the device pool, in stream
+  // order; RESOURCE_EXHAUSTED when the device is out of memory.
+  absl::StatusOr<void*> Alloc(size_t bytes);
+
+  // Lane::Upload, with its time and bytes accounted as host to device.
+  absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t pitch);
+
+  // Lane::Download, with its time and bytes accounted as device to host. The
+  // work queued before it (the kernels) finishes first, so that the time is
+  // the copy's alone rather than the kernels' too; the download waited for
+  // that work anyway.
+  absl::Status Download(void* dst, size_t pitch, const void* src, size_t rows, size_t row_bytes);
+
+  // Bracket kernel launches with events: BeginKernels before the first
+  // launch, EndKernels with the last launch's result after it.
+  absl::Status BeginKernels();
+  absl::Status EndKernels(cudaError_t launch, absl::string_view what);
+  // Adds the time between the brackets once the stream has passed the end
+  // (after a download).
+  absl::Status AddKernelTime();
+
+  // What the shard measured, under the name of `variant` ("default" when
+  // empty).
+  ShardRun Run(std::string variant) const;
+
+  // The device's Check (marks it unhealthy on a sticky error).
+  absl::Status Check(cudaError_t err, absl::string_view what) { return device_->Check(err, what); }
+
+ private:
+  CudaDevice* device_;
+  DeviceGuard guard_;
+  Lane* lane_;
+  std::vector<void*> allocations_;
+  cudaEvent_t kernel_begin_ = nullptr;
+  cudaEvent_t kernel_end_ = nullptr;
+  double kernel_seconds_ = 0;
+  double h2d_seconds_ = 0;
+  double d2h_seconds_ = 0;
+  double h2d_bytes_ = 0;
+  double d2h_bytes_ = 0;
+};
+
+}  // namespace gpucompute::cuda
+
+#endif  // GPUCOMPUTE_SERVER_DEVICE_CUDA_SHARD_SCOPE_H_
