@@ -1,10 +1,11 @@
 // Transpose and general axis permutation of dense row-major tensors.
 //
 // The ladder (src/transpose.cu) moves [B, R, C] -> [B, C, R] for 2- and
-// 4-byte elements; LaunchPermute builds the service's Transpose RPC on it:
-// any permutation of up to four axes, routed to a batched row copy when the
-// last axis stays in place, to the transpose ladder when the permutation is a
-// batched 2-D transpose, and to a general gather kernel otherwise.
+// 4-byte elements; LaunchPermute (src/permute.cu) builds the service's
+// Transpose RPC on it: any permutation of up to four axes, routed to a batched
+// row copy when the last axis stays in place, to the transpose ladder when the
+// permutation is a batched 2-D transpose, and to a general gather kernel
+// otherwise.
 #ifndef GPUCOMPUTE_KERNELS_TRANSPOSE_H_
 #define GPUCOMPUTE_KERNELS_TRANSPOSE_H_
 
