@@ -59,6 +59,7 @@
 #include "attention_common.cuh"
 #include "attention_mma.cuh"
 #include "attention_wgmma.cuh"
+#include "launch_util.h"
 
 namespace gpucompute::kernels {
 namespace attention {
@@ -147,13 +148,6 @@ cudaError_t LaunchReference(const AttnParams& p, int head_dim, float* S, cudaStr
 // ---------------------------------------------------------------------------
 // flash_mma: tile choice, key splitting, launch.
 // ---------------------------------------------------------------------------
-
-int SmCount() {
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
-}
 
 struct MmaPlan {
   bool decode = false;  // 16-row tiles, warps split the keys (<= 16 packed rows)

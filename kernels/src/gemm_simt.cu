@@ -50,6 +50,7 @@
 #include <iterator>
 
 #include "gpucompute/kernels/gemm.h"
+#include "launch_util.h"
 
 namespace gpucompute::kernels {
 namespace {
@@ -651,16 +652,6 @@ struct Plan {
   int splits = 1;
   int k_per_split = 0;
 };
-
-int SmCount() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
-    return 132;
-  return sms;
-}
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Relative time of a warp-tiled launch: the busiest SM's share of tile work in
 // units of one 128x128xK tile (blocks are spread evenly; an SM holding fewer

@@ -67,6 +67,7 @@
 #include "gemm_tc_mma_sync.cuh"
 #include "gemm_tc_wgmma.cuh"
 #include "gpucompute/kernels/gemm.h"
+#include "launch_util.h"
 
 namespace gpucompute::kernels {
 namespace {
@@ -136,14 +137,6 @@ Support CheckTma(const GemmArgs& a) {
   if (a.batch > 1 && ((a.stride_a * es) % 16 != 0 || (a.stride_b * es) % 16 != 0))
     return Support::No("TMA needs batch strides of A and B to be multiples of 16 bytes");
   return Support::Yes();
-}
-
-int SmCount() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
-    return 132;
-  return sms;
 }
 
 TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m) {

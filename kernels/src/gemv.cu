@@ -54,6 +54,7 @@
 #include <type_traits>
 
 #include "gpucompute/kernels/gemv.h"
+#include "launch_util.h"
 
 namespace gpucompute::kernels {
 namespace {
@@ -601,18 +602,14 @@ const VariantInfo* Find(const GemvArgs& args, std::string_view variant) {
 // Blocks of `kernel` resident on the whole current device at once.
 template <typename Kernel>
 int64_t ResidentBlocks(Kernel kernel) {
-  int dev = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess) {
-    (void)cudaGetLastError();  // no device here: plan for a 132-SM part
-    sms = 132;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();  // no device here: plan for 4 blocks per SM
     per_sm = 4;
   }
-  return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
+  return int64_t(SmCount()) * std::max(per_sm, 1);
 }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // ---- trans_split planning: which instantiation, how many splits. ----

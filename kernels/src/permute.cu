@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "launch_util.h"
 #include "transpose_common.h"
 
 namespace gpucompute::kernels {
@@ -241,10 +242,7 @@ cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, cudaStream_t
   p.group_log2 = 0;
   while (p.group_log2 < 8 && (int64_t(1) << p.group_log2) < p.row_vecs) ++p.group_log2;
   // Enough blocks to fill the machine several times over; each loops over rows.
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    sms = 132;
+  const int sms = SmCount();
   const unsigned grid =
       unsigned(std::min<int64_t>(GridFor(p.rows, int64_t(256) >> p.group_log2), int64_t(sms) * 32));
   auto go = [&](auto vt) {

@@ -46,6 +46,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "launch_util.h"
+
 namespace gpucompute::kernels {
 namespace {
 
@@ -463,20 +465,13 @@ constexpr int64_t kMinColRows = 64;
 constexpr size_t kAlign = 256;
 
 size_t AlignUp(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 bool ValidDType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 unsigned GridFor(int64_t blocks) {
   return unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks, INT_MAX)));
 }
 
-int TargetBlocks() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
-    sms = 132;
-  return sms * kBlocksPerSm;
-}
+int TargetBlocks() { return SmCount() * kBlocksPerSm; }
 
 // Everything the launch decides from the arguments, shared by the workspace
 // query and the launch so the two always agree.

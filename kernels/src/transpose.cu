@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "launch_util.h"
 #include "transpose_common.h"
 
 namespace gpucompute::kernels {
@@ -407,10 +408,7 @@ cudaError_t LaunchPipe(const TransposeParams& p, cudaStream_t s) {
       n = 1;
     return std::max(n, 1);
   }();
-  int dev = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess) return err;
+  const int sms = SmCount();
   const int64_t tiles = p.batch * p.tiles_r * p.tiles_c;
   const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(tiles, int64_t(sms) * per_sm)));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, s>>>(p);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "gpucompute/kernels/common.h"
+#include "launch_util.h"
 
 namespace gpucompute::kernels {
 
@@ -23,8 +24,7 @@ inline bool ValidDType(DType t) {
 // Blocks for `work_items` at `per_block` each, clamped to [1, INT_MAX] so the
 // grid is launchable; kernels loop over what a clamped grid leaves.
 inline unsigned GridFor(int64_t work_items, int64_t per_block) {
-  int64_t g = (work_items + per_block - 1) / per_block;
-  return unsigned(std::max<int64_t>(1, std::min<int64_t>(g, INT_MAX)));
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(CeilDiv(work_items, per_block), INT_MAX)));
 }
 
 }  // namespace gpucompute::kernels
