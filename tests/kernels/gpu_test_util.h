@@ -36,7 +36,13 @@ inline bool HaveGpu() {
       GTEST_SKIP() << "no CUDA device present: GPU kernel test skipped";   \
   } while (0)
 
-#define GC_ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
+// Fails the test (returning from the enclosing void function) unless `expr`,
+// evaluated once, is cudaSuccess; the message names the call and the error.
+#define GC_ASSERT_CUDA(expr)                                                         \
+  do {                                                                               \
+    const cudaError_t gc_err_ = (expr);                                              \
+    ASSERT_EQ(gc_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(gc_err_); \
+  } while (0)
 
 // Host value <-> storage of each dtype.
 inline void StoreHost(void* p, size_t i, DType t, double v) {
