@@ -72,8 +72,20 @@ absl::StatusOr<DeviceSet> CreateCuda(const BackendOptions& options) {
   // Head dimensions the CUDA attention takes (the flash kernels at 64 and
   // 128, the reference version elsewhere).
   set.head_dims = kCpuHeadDims;
-  ASSIGN_OR_RETURN(set.devices, cuda::CreateCudaDevices(options.devices, options.device_weights,
-                                                        cuda::CudaDeviceOptions{}));
+  cuda::CudaDeviceOptions cuda_options;
+  // The staging ring of each lane: its buffers of one chunk each.
+  const int64_t per_buffer =
+      options.pinned_staging_bytes / (cuda_options.lanes * cuda_options.staging_buffers);
+  if (per_buffer < (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pinned_staging_bytes: ", options.pinned_staging_bytes,
+                     " leaves less than 1 MiB per "
+                     "staging buffer; expected at least ",
+                     int64_t{cuda_options.lanes} * cuda_options.staging_buffers << 20));
+  }
+  cuda_options.staging_chunk_bytes = size_t(per_buffer);
+  ASSIGN_OR_RETURN(set.devices,
+                   cuda::CreateCudaDevices(options.devices, options.device_weights, cuda_options));
   return set;
 }
 

@@ -47,6 +47,21 @@ ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
 ABSL_FLAG(int64_t, device_max_inflight_bytes, kDefaults.device_max_inflight_bytes,
           "per device: bound on the bytes (inputs plus outputs) of the shards it holds at once; "
           "work over it waits; 0 = no bound, -1 = automatic (3/4 of a GPU's memory, none on CPU)");
+ABSL_FLAG(int64_t, resident_max_bytes_per_device, kDefaults.resident_max_bytes_per_device,
+          "per device: bound on the bytes of resident tensors (and their replicas) in its "
+          "memory; over it an upload or kept result is refused; 0 = no bound, -1 = automatic "
+          "(half the device's memory)");
+ABSL_FLAG(int64_t, resident_quota_bytes, kDefaults.resident_quota_bytes,
+          "per client (gpucompute-session): bound on the bytes of its resident tensors; "
+          "0 = no quota");
+ABSL_FLAG(int64_t, resident_max_tensors, kDefaults.resident_max_tensors,
+          "per client: bound on its number of resident tensors; 0 = no bound");
+ABSL_FLAG(absl::Duration, resident_lease, kDefaults.resident_lease,
+          "a resident tensor unused for this long is freed (the backstop for clients that "
+          "vanish); 0 = never");
+ABSL_FLAG(int64_t, pinned_staging_bytes, kDefaults.pinned_staging_bytes,
+          "per GPU: pinned host memory for staging copies, allocated once at start and split "
+          "between the GPU's streams");
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "freed host memory the allocator keeps for reuse, so that large messages do not "
           "page-fault their buffers in again (one heap, no mmap); 0 = the C library's defaults");
@@ -92,6 +107,11 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   options.device_max_inflight_bytes = absl::GetFlag(FLAGS_device_max_inflight_bytes);
+  options.resident_max_bytes_per_device = absl::GetFlag(FLAGS_resident_max_bytes_per_device);
+  options.resident_quota_bytes = absl::GetFlag(FLAGS_resident_quota_bytes);
+  options.resident_max_tensors = absl::GetFlag(FLAGS_resident_max_tensors);
+  options.resident_lease = absl::GetFlag(FLAGS_resident_lease);
+  options.pinned_staging_bytes = absl::GetFlag(FLAGS_pinned_staging_bytes);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);

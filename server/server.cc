@@ -50,6 +50,24 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--worker_threads: expected >= 0 (0 = automatic) but got ", options.worker_threads));
   }
+  if (options.resident_max_bytes_per_device < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resident_max_bytes_per_device: expected >= -1 (0 = no bound, -1 = automatic) but got ",
+        options.resident_max_bytes_per_device));
+  }
+  if (options.resident_quota_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resident_quota_bytes: expected >= 0 (0 = no quota) but got ",
+                     options.resident_quota_bytes));
+  }
+  if (options.resident_max_tensors < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resident_max_tensors: expected >= 0 (0 = no bound) but got ",
+                     options.resident_max_tensors));
+  }
+  if (options.resident_lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--resident_lease: expected >= 0 (0 = never)");
+  }
   if (options.shutdown_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shutdown_timeout: expected >= 0");
   }
@@ -58,6 +76,7 @@ absl::Status CheckOptions(const ServerOptions& options) {
 
 // What the per-device gauges show, read from the engine's devices.
 std::vector<DeviceState> DeviceStates(const Engine& engine) {
+  const std::vector<ResidentUsage> resident = engine.store().Usage();
   std::vector<DeviceState> states;
   states.reserve(engine.num_devices());
   for (int i = 0; i < engine.num_devices(); ++i) {
@@ -70,6 +89,11 @@ std::vector<DeviceState> DeviceStates(const Engine& engine) {
     state.inflight_shards = engine.InflightShards(i);
     state.inflight_bytes = engine.InflightBytes(i);
     state.healthy = device.healthy();
+    if (size_t(i) < resident.size()) {
+      state.resident_bytes = resident[i].bytes;
+      state.resident_tensors = resident[i].tensors;
+      state.resident_cap_bytes = resident[i].cap_bytes;
+    }
     states.push_back(state);
   }
   return states;
@@ -90,6 +114,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   backend.devices = options.devices;
   backend.device_weights = options.device_weights;
   backend.cpu_devices = options.cpu_devices;
+  backend.pinned_staging_bytes = options.pinned_staging_bytes;
   ASSIGN_OR_RETURN(DeviceSet devices, CreateDevices(backend));
   return Create(std::move(options), std::move(devices));
 }
@@ -101,9 +126,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
   // timings and the metrics alike.
   for (size_t i = 0; i < devices.devices.size(); ++i) {
     if (devices.devices[i]->description().index != static_cast<int>(i)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device ", i, " describes itself as device ",
-                       devices.devices[i]->description().index, "; expected its position"));
+      return absl::InvalidArgumentError(absl::StrCat("device ", i, " describes itself as device ",
+                                                     devices.devices[i]->description().index,
+                                                     "; expected its position"));
     }
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
@@ -113,14 +138,26 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
   std::vector<DeviceDescription> descriptions;
   for (const auto& device : devices.devices) descriptions.push_back(device->description());
   server->metrics_->SetDevices(descriptions);
+  // GPU memory: up to half for resident tensors, up to 3/8 for the shards in
+  // flight, the rest for the pool's slack and the kernels' workspaces.
   std::vector<int64_t> device_limits;
+  TensorStoreOptions resident;
   for (const DeviceDescription& d : descriptions) {
     device_limits.push_back(opts.device_max_inflight_bytes >= 0 ? opts.device_max_inflight_bytes
-                            : d.kind == "cuda"                  ? d.memory_bytes / 4 * 3
+                            : d.kind == "cuda"                  ? d.memory_bytes / 8 * 3
                                                                 : 0);
+    resident.device_cap_bytes.push_back(opts.resident_max_bytes_per_device >= 0
+                                            ? opts.resident_max_bytes_per_device
+                                            : d.memory_bytes / 2);
   }
-  server->engine_ = std::make_unique<Engine>(devices.backend, std::move(devices.devices),
-                                             server->metrics_.get(), std::move(device_limits));
+  resident.quota_bytes = opts.resident_quota_bytes;
+  resident.max_tensors = opts.resident_max_tensors;
+  resident.lease = opts.resident_lease;
+  server->engine_ =
+      std::make_unique<Engine>(devices.backend, std::move(devices.devices), server->metrics_.get(),
+                               std::move(device_limits), std::move(resident));
+  server->metrics_->SetExpirationsSource(
+      [engine = server->engine_.get()] { return engine->store().expirations(); });
   const Engine* engine = server->engine_.get();
   server->metrics_->SetDeviceRefresh([engine] { return DeviceStates(*engine); });
   server->admission_ = std::make_unique<Admission>(opts.max_inflight_bytes);

@@ -49,6 +49,18 @@ struct ServerOptions {
   // holds at once; 0 = no bound, -1 = automatic (three quarters of a GPU's
   // memory; no bound for CPU devices, which --max_inflight_bytes covers).
   int64_t device_max_inflight_bytes = -1;
+  // Per device: bound on resident bytes (tensors and replicas); 0 = none,
+  // -1 = automatic (half the device's memory).
+  int64_t resident_max_bytes_per_device = -1;
+  // Per client: bound on resident bytes; 0 = none.
+  int64_t resident_quota_bytes = 0;
+  // Per client: bound on resident tensors; 0 = none.
+  int64_t resident_max_tensors = 100000;
+  // A resident tensor unused this long expires; zero: never.
+  absl::Duration resident_lease = absl::Hours(1);
+  // Per GPU: pinned staging memory, allocated at start and split among the
+  // GPU's lanes.
+  int64_t pinned_staging_bytes = int64_t{96} << 20;
   // Threads that run operations; 0 = twice the hardware threads (at least 4).
   int worker_threads = 0;
   // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,

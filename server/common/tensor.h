@@ -14,15 +14,34 @@ namespace gpucompute {
 // (non-negative, product fits in int64).
 int64_t NumElements(const std::vector<int64_t>& shape);
 
-// A dense row-major tensor whose bytes are owned elsewhere (typically the
-// request message). Valid while the owner lives.
+// Where a tensor's bytes live: host memory, or the memory of the device with
+// this index (a resident tensor; on the CPU backend that is host memory too).
+inline constexpr int kHostMemory = -1;
+
+// A dense row-major tensor whose bytes are owned elsewhere (the request
+// message, or a resident tensor). Valid while the owner lives.
 struct TensorView {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   const void* data = nullptr;  // NumElements(shape) * DTypeSize(dtype) bytes
+  int device = kHostMemory;    // where `data` lives
 
   int64_t num_elements() const { return NumElements(shape); }
   size_t num_bytes() const { return size_t(num_elements()) * DTypeSize(dtype); }
+};
+
+// Where an operation writes a result: the full output's first byte and where
+// it lives (host memory, or a device's memory for a result kept resident).
+struct OutputView {
+  OutputView() = default;
+  // Host memory at `host` (null: no output). Implicit, so that a host
+  // buffer reads as what it is.
+  OutputView(void* host) : data(host) {}  // NOLINT(google-explicit-constructor)
+  OutputView(void* data, int device) : data(data), device(device) {}
+  explicit operator bool() const { return data != nullptr; }
+
+  void* data = nullptr;
+  int device = kHostMemory;
 };
 
 // A dense row-major tensor that owns its bytes. `data` is a std::string so

@@ -44,6 +44,13 @@ double KvHeads(const AttentionSpec& s, Range heads) {
   return double(kv(heads.end - 1) - kv(heads.begin) + 1);
 }
 
+// Bytes that cross between host and device memory: those of operands in host
+// memory, and of results unless they are kept resident.
+double OnHost(const TensorView& view, double bytes) {
+  return view.device == kHostMemory ? bytes : 0.0;
+}
+double OnHost(const OpOptions& options, double bytes) { return options.keep_output ? 0.0 : bytes; }
+
 }  // namespace
 
 WorkCost GemmWork(const GemmSpec& spec, Range rows) {
@@ -51,10 +58,13 @@ WorkCost GemmWork(const GemmSpec& spec, Range rows) {
   const double n = double(spec.n), k = double(spec.k);
   WorkCost w;
   w.flops = 2.0 * batch * m * n * k;
-  w.bytes = es * (spec.a_batched ? batch : 1.0) * m * k +  // A: the shard's rows
-            es * (spec.b_batched ? batch : 1.0) * k * n +  // B: whole, for every shard
-            (spec.c.has_value() ? es * (spec.c_batched ? batch : 1.0) * m * n : 0.0) +
-            Size(spec.options.output_dtype) * batch * m * n;
+  const double a = es * (spec.a_batched ? batch : 1.0) * m * k;  // A: the shard's rows
+  const double b = es * (spec.b_batched ? batch : 1.0) * k * n;  // B: whole, for every shard
+  const double c = spec.c.has_value() ? es * (spec.c_batched ? batch : 1.0) * m * n : 0.0;
+  const double out = Size(spec.options.output_dtype) * batch * m * n;
+  w.bytes = a + b + c + out;
+  w.host_bytes = OnHost(spec.a, a) + OnHost(spec.b, b) + (spec.c ? OnHost(*spec.c, c) : 0.0) +
+                 OnHost(spec.options, out);
   return w;
 }
 
@@ -63,9 +73,12 @@ WorkCost GemvWork(const GemvSpec& spec, Range rows) {
   const double k = double(spec.k), ncols = double(spec.ncols);
   WorkCost w;
   w.flops = 2.0 * m * k * ncols;
-  w.bytes = es * (m * k + k * ncols) +  // A's rows; x whole, for every shard
-            (spec.y.has_value() ? es * m * ncols : 0.0) +
-            Size(spec.options.output_dtype) * m * ncols;
+  const double a = es * m * k, x = es * k * ncols;  // A's rows; x whole, for every shard
+  const double y = spec.y.has_value() ? es * m * ncols : 0.0;
+  const double out = Size(spec.options.output_dtype) * m * ncols;
+  w.bytes = a + x + y + out;
+  w.host_bytes = OnHost(spec.a, a) + OnHost(spec.x, x) + (spec.y ? OnHost(*spec.y, y) : 0.0) +
+                 OnHost(spec.options, out);
   return w;
 }
 
@@ -76,8 +89,11 @@ WorkCost ReduceWork(const ReduceSpec& spec, Range outer, Range axis, bool partia
       double((std::max<int64_t>(axis.size(), 0) + kReduceChunk - 1) / kReduceChunk);
   WorkCost w;
   w.flops = elements;
-  w.bytes = elements * Size(spec.input.dtype) +
-            (partial ? outputs * 4.0 * chunks : outputs * Size(spec.options.output_dtype));
+  const double in = elements * Size(spec.input.dtype);
+  const double out = partial ? outputs * 4.0 * chunks : outputs * Size(spec.options.output_dtype);
+  w.bytes = in + out;
+  // Partials always go to the host, where they are combined.
+  w.host_bytes = OnHost(spec.input, in) + (partial ? out : OnHost(spec.options, out));
   return w;
 }
 
@@ -85,7 +101,10 @@ WorkCost TransposeWork(const TransposeSpec& spec, int prefix_axes, Range prefix)
   double elements = Count(prefix);
   for (int i = prefix_axes; i < spec.rank; ++i) elements *= double(spec.in_shape[spec.perm[i]]);
   WorkCost w;
-  w.bytes = elements * (Size(spec.input.dtype) + Size(spec.options.output_dtype));
+  const double in = elements * Size(spec.input.dtype);
+  const double out = elements * Size(spec.options.output_dtype);
+  w.bytes = in + out;
+  w.host_bytes = OnHost(spec.input, in) + OnHost(spec.options, out);
   return w;
 }
 
@@ -94,15 +113,21 @@ WorkCost AttentionWork(const AttentionSpec& spec, Range heads, Range q_rows) {
   const double es = Size(spec.dtype);
   WorkCost w;
   w.flops = 4.0 * h * VisibleKeys(spec, q_rows) * d;
-  w.bytes = h * q * d * (es + Size(spec.options.output_dtype)) +         // Q in, O out
-            KvHeads(spec, heads) * 2.0 * double(spec.seq_kv) * d * es +  // K, V: every key
-            (spec.return_lse ? h * q * 4.0 : 0.0);
+  const double q_in = h * q * d * es;
+  const double kv = KvHeads(spec, heads) * double(spec.seq_kv) * d * es;  // each: every key
+  const double out = h * q * d * Size(spec.options.output_dtype) +
+                     (spec.return_lse ? h * q * 4.0 : 0.0);  // O and the LSE
+  w.bytes = q_in + 2.0 * kv + out;
+  w.host_bytes =
+      OnHost(spec.q, q_in) + OnHost(spec.k, kv) + OnHost(spec.v, kv) + OnHost(spec.options, out);
   return w;
 }
 
 double ShardSeconds(const DeviceCost& cost, const WorkCost& work) {
   double seconds = cost.fixed_seconds;
-  if (cost.transfer_bytes_per_second > 0) seconds += work.bytes / cost.transfer_bytes_per_second;
+  if (cost.transfer_bytes_per_second > 0) {
+    seconds += work.host_bytes / cost.transfer_bytes_per_second;
+  }
   if (cost.memory_bytes_per_second > 0) seconds += work.bytes / cost.memory_bytes_per_second;
   if (cost.flops_per_second > 0) seconds += work.flops / cost.flops_per_second;
   return seconds;
@@ -151,8 +176,12 @@ ShardPlan PlaceByCost(
   if (n == 1 || !any_fixed) return place(plan_over(all), all);
 
   std::vector<int> rank = all;
-  std::stable_sort(rank.begin(), rank.end(),
-                   [&](int a, int b) { return candidates[a].weight > candidates[b].weight; });
+  std::stable_sort(rank.begin(), rank.end(), [&](int a, int b) {
+    if (candidates[a].busy_seconds != candidates[b].busy_seconds) {
+      return candidates[a].busy_seconds < candidates[b].busy_seconds;
+    }
+    return candidates[a].weight > candidates[b].weight;
+  });
   std::vector<std::vector<int>> chosen_for;
   std::vector<ShardPlan> plans;
   std::vector<double> seconds;
@@ -162,8 +191,9 @@ ShardPlan PlaceByCost(
     ShardPlan plan = plan_over(chosen);
     double slowest = 0;
     for (const Shard& shard : plan.shards) {
-      const DeviceCost& cost = candidates[chosen[shard.device]].cost;
-      slowest = std::max(slowest, ShardSeconds(cost, shard_work(plan, shard)));
+      const CostedDevice& device = candidates[chosen[shard.device]];
+      slowest = std::max(slowest,
+                         device.busy_seconds + ShardSeconds(device.cost, shard_work(plan, shard)));
     }
     chosen_for.push_back(std::move(chosen));
     plans.push_back(std::move(plan));

@@ -43,8 +43,8 @@ WorkCost TransposeWork(const TransposeSpec& spec, int prefix_axes, Range prefix)
 WorkCost AttentionWork(const AttentionSpec& spec, Range heads, Range q_rows);
 
 // Estimated seconds of `work` as one shard on a device of cost `cost`:
-// fixed + bytes / transfer rate + bytes / memory rate + FLOPs / FLOP rate
-// (the terms run one after another: upload, kernels, download).
+// fixed + host_bytes / transfer rate + bytes / memory rate + FLOPs / FLOP
+// rate (the terms run one after another: upload, kernels, download).
 double ShardSeconds(const DeviceCost& cost, const WorkCost& work);
 
 // Bytes a validated operation holds while it runs, its inputs plus its
@@ -66,19 +66,23 @@ struct CostedDevice {
   int device = 0;       // the device's index (DeviceDescription::index)
   double weight = 1.0;  // relative compute weight (DeviceDescription::weight)
   DeviceCost cost;
+  // Estimated seconds of the work the device holds already (shards of other
+  // operations running there).
+  double busy_seconds = 0;
 };
 
 // Chooses how many candidates run an operation and returns the plan over
 // them, each shard.device a CostedDevice::device. For k = 1..n it takes the k
-// heaviest candidates (equal weights: the earlier first), keeps them in
-// candidate order, plans the operation over their weights with `plan_for`
-// (whose shards number devices by position in the weights), and estimates
-// the plan as its slowest shard (ShardSeconds of `shard_work(plan, shard)` on
-// that shard's device). The result is the smallest k whose estimate is within
-// kCostTolerance of the best k's; weights alone still divide the work among
-// the chosen. When no candidate has a fixed cost, splitting costs nothing and
-// every candidate is chosen without estimating. REQUIRES: candidates
-// non-empty, every weight > 0.
+// least busy candidates (equally busy: the heavier, then the earlier first),
+// keeps them in candidate order, plans the operation over their weights with
+// `plan_for` (whose shards number devices by position in the weights), and
+// estimates the plan as its slowest shard (the device's busy_seconds plus
+// ShardSeconds of `shard_work(plan, shard)` there). The result is the
+// smallest k whose estimate is within kCostTolerance of the best k's; weights
+// alone still divide the work among the chosen. So concurrent small
+// operations spread over the devices instead of queueing on one. When no
+// candidate has a fixed cost, splitting costs nothing and every candidate is
+// chosen without estimating. REQUIRES: candidates non-empty, every weight > 0.
 ShardPlan PlaceByCost(
     absl::Span<const CostedDevice> candidates,
     const std::function<ShardPlan(absl::Span<const double> weights)>& plan_for,

@@ -30,6 +30,8 @@ struct OpOptions {
   std::vector<int> devices;              // empty: every healthy device
   DType output_dtype = DType::kFloat32;  // resolved: never unspecified here
   bool allow_tf32 = false;
+  // Keep the results on the server as resident tensors.
+  bool keep_output = false;
 };
 
 // C = alpha * op(A) * op(B) + beta * C over `batch` entries.
@@ -101,6 +103,9 @@ struct AttentionSpec {
 struct WorkCost {
   double bytes = 0;
   double flops = 0;
+  // The part of `bytes` that crosses between host and device memory: the
+  // operands in host memory and results going there (resident ones stay).
+  double host_bytes = 0;
 };
 
 }  // namespace gpucompute

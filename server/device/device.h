@@ -1,15 +1,20 @@
 // The Device interface: one compute device (a CPU worker pool or a GPU) that
-// runs one shard of an operation on host tensors. The engine calls it from
-// several threads at once; implementations are thread-safe.
+// runs one shard of an operation, and holds resident tensors in its memory.
+// The engine calls it from several threads at once; implementations are
+// thread-safe.
 //
-// Every method computes only its shard and writes only that shard's part of
-// the caller's output buffer (the full output, in options.output_dtype,
-// row-major), so shards of one operation never overlap.
+// Every operation method computes only its shard and writes only that
+// shard's part of the caller's output (the full output, in
+// options.output_dtype, row-major), so shards of one operation never overlap.
+// Operands are TensorViews in host memory, or in a device's memory
+// (resident tensors; view.device says which); outputs are OutputViews
+// likewise.
 #ifndef GPUCOMPUTE_SERVER_DEVICE_DEVICE_H_
 #define GPUCOMPUTE_SERVER_DEVICE_DEVICE_H_
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,9 +46,11 @@ struct ShardRun {
   double d2h_seconds = 0;     // device-to-host copies (0 on the CPU)
   double h2d_bytes = 0;       // bytes copied host to device
   double d2h_bytes = 0;       // bytes copied device to host
+  double peer_seconds = 0;    // copies between devices (resident operands, results)
+  double peer_bytes = 0;      // bytes copied between devices
 
-  // Data movement time, both directions.
-  double transfer_seconds() const { return h2d_seconds + d2h_seconds; }
+  // Data movement time: both directions and between devices.
+  double transfer_seconds() const { return h2d_seconds + d2h_seconds + peer_seconds; }
   // Adds `other`'s times and bytes; keeps this variant, or takes other's
   // when this has none.
   ShardRun& operator+=(const ShardRun& other) {
@@ -53,6 +60,8 @@ struct ShardRun {
     d2h_seconds += other.d2h_seconds;
     h2d_bytes += other.h2d_bytes;
     d2h_bytes += other.d2h_bytes;
+    peer_seconds += other.peer_seconds;
+    peer_bytes += other.peer_bytes;
     return *this;
   }
 };
@@ -61,6 +70,21 @@ struct ShardRun {
 struct DeviceMemory {
   int64_t used_bytes = 0;
   int64_t total_bytes = 0;
+};
+
+// Memory on one device that outlives requests: the bytes of a resident
+// tensor (device memory on a GPU, host memory on the CPU backend). Freed when
+// destroyed; REQUIRES: no operation still uses it then.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  // The first byte (a device pointer on a GPU).
+  virtual void* data() const = 0;
+  virtual int64_t bytes() const = 0;
+  // The index of the device whose memory this is.
+  virtual int device() const = 0;
+  // The buffer as an operand or an output.
+  OutputView output() const { return {data(), device()}; }
 };
 
 class Device {
@@ -92,21 +116,46 @@ class Device {
   // Variant names this device accepts for `op`, fastest first.
   virtual std::vector<std::string> Variants(OpKind op) const = 0;
 
+  // Resident memory.
+  //
+  // `bytes` (>= 0) of this device's memory for a resident tensor, not
+  // initialised. RESOURCE_EXHAUSTED when the device has no room.
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) = 0;
+  // Copies `n` host bytes at `src` into `buffer` (one of this device's) at
+  // byte `offset`; returns once they are there. Adds the copy's seconds to
+  // `*seconds` when not null. REQUIRES: offset + n <= buffer.bytes().
+  virtual absl::Status Write(DeviceBuffer& buffer, int64_t offset, const void* src, int64_t n,
+                             double* seconds = nullptr) = 0;
+  // Copies `n` bytes of `buffer` (one of this device's) from byte `offset`
+  // to host memory at `dst`. REQUIRES: offset + n <= buffer.bytes().
+  virtual absl::Status Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
+                            double* seconds = nullptr) = 0;
+  // True when this device's kernels read the memory of device `index` in
+  // place. The default: its own only. (CPU devices all share host memory.)
+  virtual bool ReadsInPlace(int index) const { return index == description().index; }
+  // A copy in this device's memory of `source` (a buffer of another device
+  // of this backend), copied device to device. Adds the copy's seconds to
+  // `*seconds` when not null.
+  virtual absl::StatusOr<std::unique_ptr<DeviceBuffer>> Replicate(const DeviceBuffer& source,
+                                                                  double* seconds = nullptr) = 0;
+
+  // Operations. Errors: INVALID_ARGUMENT (unknown variant, or a shape the
+  // variant refuses), RESOURCE_EXHAUSTED (out of memory), INTERNAL (device
+  // failure).
+  //
   // Rows `rows` of C (every batch entry) into `c_out`.
-  // Errors: INVALID_ARGUMENT (unknown variant), RESOURCE_EXHAUSTED (out of
-  // memory), INTERNAL (device failure).
-  virtual absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) = 0;
+  virtual absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView c_out) = 0;
 
   // Rows `rows` of y into `y_out`.
-  virtual absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* y_out) = 0;
+  virtual absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, OutputView y_out) = 0;
 
   // Reduces input rows `outer` over the reduced-axis range `axis`.
   // partial == false: writes final values (out dtype, MEAN divided by
-  //   axis_len) for outer rows `outer` into `out` (the full output buffer).
+  //   axis_len) for outer rows `outer` into `out` (the full output).
   // partial == true: writes fp32 partials ([outer.size(), inner]: sums for
-  //   SUM and MEAN, maxima, minima) into `out` (a float buffer of that size).
+  //   SUM and MEAN, maxima, minima) into `out` (host memory of that size).
   virtual absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis,
-                                          bool partial, void* out) = 0;
+                                          bool partial, OutputView out) = 0;
 
   // One fp32 partial per chunk of the reduced axis: `axis` spans whole chunks
   // of kReduceChunk (aligned at 0; the last chunk of the axis may be short),
@@ -120,7 +169,7 @@ class Device {
     const int64_t chunk_floats = outer.size() * spec.inner;
     for (int64_t begin = axis.begin; begin < axis.end; begin += kReduceChunk) {
       const Range chunk{begin, std::min(axis.end, begin + kReduceChunk)};
-      absl::StatusOr<ShardRun> run = Reduce(spec, outer, chunk, true, out);
+      absl::StatusOr<ShardRun> run = Reduce(spec, outer, chunk, true, OutputView{out});
       if (!run.ok()) return run.status();
       total += *run;
       out += chunk_floats;
@@ -131,13 +180,13 @@ class Device {
   // Output elements whose flattened index over the first `prefix_axes`
   // output axes lies in `prefix`, into `out`.
   virtual absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes,
-                                             Range prefix, void* out) = 0;
+                                             Range prefix, OutputView out) = 0;
 
   // Query rows `q_rows` of the (batch, head_q) pairs `heads` (flattened
   // b * heads_q + h) into `o_out`, and into `lse_out` (float [B, Hq, Sq])
-  // when it is not null.
+  // when it is set.
   virtual absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
-                                             void* o_out, float* lse_out) = 0;
+                                             OutputView o_out, OutputView lse_out) = 0;
 };
 
 }  // namespace gpucompute

@@ -34,14 +34,90 @@ absl::StatusOr<HostTensor> AllocateOutput(DType dtype, std::vector<int64_t> shap
   }
 }
 
+// Calls fn(view) for every operand of a spec.
+template <typename Fn>
+void ForEachOperand(GemmSpec& s, Fn fn) {
+  fn(s.a);
+  fn(s.b);
+  if (s.c) fn(*s.c);
+}
+template <typename Fn>
+void ForEachOperand(GemvSpec& s, Fn fn) {
+  fn(s.a);
+  fn(s.x);
+  if (s.y) fn(*s.y);
+}
+template <typename Fn>
+void ForEachOperand(ReduceSpec& s, Fn fn) {
+  fn(s.input);
+}
+template <typename Fn>
+void ForEachOperand(TransposeSpec& s, Fn fn) {
+  fn(s.input);
+}
+template <typename Fn>
+void ForEachOperand(AttentionSpec& s, Fn fn) {
+  fn(s.q);
+  fn(s.k);
+  fn(s.v);
+}
+
+// Runs `run` on `spec` as `device` sees it: the resident operands it cannot
+// read in place redirected to copies the store makes (once) in its memory.
+// Where the device has no room for a copy, the operand stays where it is and
+// the device copies what it needs itself. The copies' time counts as peer.
+template <typename Spec, typename Run>
+absl::StatusOr<ShardRun> RunLocal(TensorStore& store, const Spec& spec, Device& device,
+                                  const CallContext& call, Run&& run) {
+  double peer_seconds = 0, peer_bytes = 0;
+  std::optional<Spec> local;
+  for (const std::shared_ptr<ResidentTensor>& tensor : call.resident) {
+    if (device.ReadsInPlace(tensor->device())) continue;
+    const double before = peer_seconds;
+    ASSIGN_OR_RETURN(const DeviceBuffer* replica,
+                     store.Replica(*tensor, device.description().index, &peer_seconds));
+    if (replica == nullptr) continue;
+    if (peer_seconds > before) peer_bytes += double(tensor->bytes());
+    if (!local) local = spec;
+    const void* original = tensor->buffer().data();
+    ForEachOperand(*local, [&](TensorView& view) {
+      if (view.data == original && view.device == tensor->device()) {
+        view.data = replica->data();
+        view.device = replica->device();
+      }
+    });
+  }
+  ASSIGN_OR_RETURN(ShardRun shard, run(local ? *local : spec));
+  shard.peer_seconds += peer_seconds;
+  shard.peer_bytes += peer_bytes;
+  return shard;
+}
+
+// The device of a plan's largest shard (the first of equals): where a kept
+// result lives, as the most of it is computed there. `fallback` when the
+// plan has no shards.
+int HomeOf(const ShardPlan& plan, int fallback) {
+  int home = fallback;
+  int64_t largest = -1;
+  for (const Shard& shard : plan.shards) {
+    if (shard.range.size() > largest) {
+      largest = shard.range.size();
+      home = shard.device;
+    }
+  }
+  return home;
+}
+
 }  // namespace
 
 Engine::Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices,
-               ShardObserver* observer, std::vector<int64_t> device_max_inflight_bytes)
+               ShardObserver* observer, std::vector<int64_t> device_max_inflight_bytes,
+               TensorStoreOptions resident)
     : backend_(std::move(backend)),
       devices_(std::move(devices)),
       observer_(observer),
-      inflight_(new std::atomic<int>[devices_.size()]()) {
+      inflight_(new std::atomic<int>[devices_.size()]()),
+      busy_ns_(new std::atomic<int64_t>[devices_.size()]()) {
   for (size_t i = 0; i < devices_.size(); ++i) {
     const int64_t limit = i < device_max_inflight_bytes.size()
                               ? std::max<int64_t>(0, device_max_inflight_bytes[i])
@@ -49,6 +125,21 @@ Engine::Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices
     device_admission_.push_back(std::make_unique<Admission>(
         limit, absl::StrCat("--device_max_inflight_bytes of device ", i)));
   }
+  std::vector<Device*> borrowed;
+  for (const std::unique_ptr<Device>& d : devices_) borrowed.push_back(d.get());
+  store_ = std::make_unique<TensorStore>(std::move(borrowed), std::move(resident));
+}
+
+absl::StatusOr<OutputView> Engine::MakeOutput(DType dtype, const std::vector<int64_t>& shape,
+                                              const OpOptions& options, const CallContext& call,
+                                              int home, std::string_view what, HostTensor* host,
+                                              std::shared_ptr<ResidentTensor>* kept) {
+  if (!options.keep_output) {
+    ASSIGN_OR_RETURN(*host, AllocateOutput(dtype, shape, what));
+    return OutputView{host->mutable_data(), kHostMemory};
+  }
+  ASSIGN_OR_RETURN(*kept, store_->Create(call.owner, dtype, shape, home, "options.devices"));
+  return (*kept)->buffer().output();
 }
 
 Engine::~Engine() = default;
@@ -138,13 +229,24 @@ absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(OpKind op, DType dtyp
   std::vector<absl::StatusOr<ShardRun>> runs(count, absl::UnknownError("shard did not run"));
   auto run_one = [&](size_t s) {
     const int device = plan.shards[s].device;
-    // Counted in flight for as long as the device holds the shard, also when
-    // it throws.
+    // Counted in flight (and its estimated seconds as the device's busy
+    // time) for as long as the device holds the shard, also when it throws.
+    const int64_t estimate_ns = static_cast<int64_t>(
+        1e9 * ShardSeconds(devices_[device]->Cost(op, dtype), shard_work(plan, plan.shards[s])));
     struct InflightScope {
-      explicit InflightScope(std::atomic<int>& n) : count(n) { ++count; }
-      ~InflightScope() { --count; }
+      InflightScope(std::atomic<int>& n, std::atomic<int64_t>& busy, int64_t ns)
+          : count(n), busy_ns(busy), estimate(ns) {
+        ++count;
+        busy_ns += estimate;
+      }
+      ~InflightScope() {
+        --count;
+        busy_ns -= estimate;
+      }
       std::atomic<int>& count;
-    } inflight(inflight_[device]);
+      std::atomic<int64_t>& busy_ns;
+      const int64_t estimate;
+    } inflight(inflight_[device], busy_ns_[device], estimate_ns);
     // An exception escaping a shard thread would end the process: make it an
     // error of this operation instead.
     try {
@@ -197,8 +299,9 @@ ShardPlan Engine::Place(OpKind op, DType dtype, const std::vector<int>& candidat
   std::vector<CostedDevice> costed;
   costed.reserve(candidates.size());
   for (int index : candidates) {
-    costed.push_back(
-        {index, devices_[index]->description().weight, devices_[index]->Cost(op, dtype)});
+    costed.push_back({index, devices_[index]->description().weight,
+                      devices_[index]->Cost(op, dtype),
+                      double(busy_ns_[index].load(std::memory_order_relaxed)) * 1e-9});
   }
   return PlaceByCost(costed, plan_for, shard_work);
 }
@@ -206,17 +309,18 @@ ShardPlan Engine::Place(OpKind op, DType dtype, const std::vector<int>& candidat
 absl::StatusOr<OpResult> Engine::RunPartitioned(
     OpKind op, DType dtype, const OpOptions& options, const CallContext& call,
     const std::vector<int64_t>& out_shape, const PlanFor& plan_for, const ShardWork& shard_work,
-    const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&, void*)>&
-        run_shard) {
+    const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&,
+                                                 OutputView)>& run_shard) {
   ASSIGN_OR_RETURN(const std::vector<int> candidates, SelectDevices(op, options));
   const ShardPlan plan = Place(op, dtype, candidates, plan_for, shard_work);
   OpResult result;
   result.backend = backend_;
-  ASSIGN_OR_RETURN(result.output, AllocateOutput(options.output_dtype, out_shape, "output"));
-  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
+  ASSIGN_OR_RETURN(const OutputView out, MakeOutput(options.output_dtype, out_shape, options, call,
+                                                    HomeOf(plan, candidates.front()), "output",
+                                                    &result.output, &result.kept_output));
+  if (NumElements(out_shape) == 0) return result;  // nothing to compute: no shards
   ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
                    AdmitShards(plan, shard_work, call, &result));
-  void* out = result.output.mutable_data();
   ASSIGN_OR_RETURN(result.shards,
                    RunShards(op, dtype, plan, shard_work, [&](Device& device, const Shard& shard) {
                      return run_shard(device, plan, shard, out);
@@ -231,8 +335,10 @@ absl::StatusOr<OpResult> Engine::Gemm(const GemmSpec& spec, const CallContext& c
         return PlanGemm(spec, weights, rows);
       },
       [&](const ShardPlan&, const Shard& shard) { return GemmWork(spec, shard.range); },
-      [&](Device& device, const ShardPlan&, const Shard& shard, void* out) {
-        return device.Gemm(spec, shard.range, out);
+      [&](Device& device, const ShardPlan&, const Shard& shard, OutputView out) {
+        return RunLocal(*store_, spec, device, call, [&](const GemmSpec& local) {
+          return device.Gemm(local, shard.range, out);
+        });
       });
 }
 
@@ -243,8 +349,10 @@ absl::StatusOr<OpResult> Engine::Gemv(const GemvSpec& spec, const CallContext& c
         return PlanGemv(spec, weights, rows);
       },
       [&](const ShardPlan&, const Shard& shard) { return GemvWork(spec, shard.range); },
-      [&](Device& device, const ShardPlan&, const Shard& shard, void* out) {
-        return device.Gemv(spec, shard.range, out);
+      [&](Device& device, const ShardPlan&, const Shard& shard, OutputView out) {
+        return RunLocal(*store_, spec, device, call, [&](const GemvSpec& local) {
+          return device.Gemv(local, shard.range, out);
+        });
       });
 }
 
@@ -261,17 +369,22 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec, const CallContex
   OpResult result;
   result.backend = backend_;
   const DType out_dtype = spec.options.output_dtype;
-  ASSIGN_OR_RETURN(result.output, AllocateOutput(out_dtype, spec.out_shape, "output"));
-  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
+  const int home = HomeOf(plan, candidates.front());
+  ASSIGN_OR_RETURN(const OutputView out,
+                   MakeOutput(out_dtype, spec.out_shape, spec.options, call, home, "output",
+                              &result.output, &result.kept_output));
+  if (NumElements(spec.out_shape) == 0) return result;  // nothing to compute: no shards
   ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
                    AdmitShards(plan, shard_work, call, &result));
-  void* out = result.output.mutable_data();
   if (plan.axis == SplitAxis::kOuter) {
-    ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
-                                              [&](Device& device, const Shard& shard) {
-                                                return device.Reduce(spec, shard.range, whole_axis,
-                                                                     false, out);
-                                              }));
+    ASSIGN_OR_RETURN(
+        result.shards,
+        RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
+                  [&](Device& device, const Shard& shard) {
+                    return RunLocal(*store_, spec, device, call, [&](const ReduceSpec& local) {
+                      return device.Reduce(local, shard.range, whole_axis, false, out);
+                    });
+                  }));
     return result;
   }
 
@@ -280,19 +393,26 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec, const CallContex
   // reduce_combine.h — the order a single device uses for a whole row.
   const int64_t outputs = spec.outer * spec.inner;
   const int64_t chunks = (spec.axis_len + kReduceChunk - 1) / kReduceChunk;
+  const size_t out_bytes = size_t(outputs) * DTypeSize(out_dtype);
   std::vector<float> partials;
+  std::string combined;  // the result on the host, for a kept one
   try {
     partials.resize(size_t(chunks * outputs));
+    if (out.device != kHostMemory) combined.resize(out_bytes);
   } catch (const std::bad_alloc&) {
     return OutOfMemory("partial sums");
   }
-  ASSIGN_OR_RETURN(result.shards,
-                   RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
-                             [&](Device& device, const Shard& shard) {
-                               const int64_t first_chunk = shard.range.begin / kReduceChunk;
-                               return device.ReduceChunks(spec, all_outer, shard.range,
-                                                          partials.data() + first_chunk * outputs);
-                             }));
+  ASSIGN_OR_RETURN(
+      result.shards,
+      RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
+                [&](Device& device, const Shard& shard) {
+                  const int64_t first_chunk = shard.range.begin / kReduceChunk;
+                  return RunLocal(*store_, spec, device, call, [&](const ReduceSpec& local) {
+                    return device.ReduceChunks(local, all_outer, shard.range,
+                                               partials.data() + first_chunk * outputs);
+                  });
+                }));
+  char* host_out = out.device == kHostMemory ? static_cast<char*>(out.data) : combined.data();
   float buf[256];
   for (int64_t i0 = 0; i0 < outputs; i0 += 256) {
     const int64_t len = std::min<int64_t>(256, outputs - i0);
@@ -300,7 +420,11 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec, const CallContex
       const float v = CombinePartials(spec.kind, partials.data() + i0 + t, chunks, outputs);
       buf[t] = FinalizeReduce(spec.kind, v, spec.axis_len);
     }
-    FromFloat(out_dtype, buf, static_cast<char*>(out) + i0 * int64_t(DTypeSize(out_dtype)), len);
+    FromFloat(out_dtype, buf, host_out + i0 * int64_t(DTypeSize(out_dtype)), len);
+  }
+  if (out.device != kHostMemory) {
+    RETURN_IF_ERROR(devices_[out.device]->Write(result.kept_output->buffer(), 0, combined.data(),
+                                                int64_t(out_bytes)));
   }
   return result;
 }
@@ -312,8 +436,10 @@ absl::StatusOr<OpResult> Engine::Transpose(const TransposeSpec& spec, const Call
       [&](const ShardPlan& plan, const Shard& shard) {
         return TransposeWork(spec, plan.prefix_axes, shard.range);
       },
-      [&](Device& device, const ShardPlan& plan, const Shard& shard, void* out) {
-        return device.Transpose(spec, plan.prefix_axes, shard.range, out);
+      [&](Device& device, const ShardPlan& plan, const Shard& shard, OutputView out) {
+        return RunLocal(*store_, spec, device, call, [&](const TransposeSpec& local) {
+          return device.Transpose(local, plan.prefix_axes, shard.range, out);
+        });
       });
 }
 
@@ -330,24 +456,33 @@ absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec, const Call
       [&](absl::Span<const double> weights) { return PlanAttention(spec, weights); }, shard_work);
   OpResult result;
   result.backend = backend_;
-  ASSIGN_OR_RETURN(result.output, AllocateOutput(spec.options.output_dtype, spec.out_shape, "o"));
-  float* lse = nullptr;
+  const int home = HomeOf(plan, candidates.front());
+  ASSIGN_OR_RETURN(const OutputView out,
+                   MakeOutput(spec.options.output_dtype, spec.out_shape, spec.options, call, home,
+                              "o", &result.output, &result.kept_output));
+  OutputView lse;
   if (spec.return_lse) {
-    ASSIGN_OR_RETURN(
-        result.lse, AllocateOutput(DType::kFloat32, {spec.batch, spec.heads_q, spec.seq_q}, "lse"));
-    lse = reinterpret_cast<float*>(result.lse->mutable_data());
+    HostTensor host_lse;
+    ASSIGN_OR_RETURN(lse, MakeOutput(DType::kFloat32, {spec.batch, spec.heads_q, spec.seq_q},
+                                     spec.options, call, home, "lse", &host_lse, &result.kept_lse));
+    if (!spec.options.keep_output) {
+      result.lse = std::move(host_lse);
+      lse.data = result.lse->mutable_data();  // the string's buffer moved with it
+    }
   }
-  if (result.output.num_elements() == 0) return result;  // nothing to compute: no shards
+  if (NumElements(spec.out_shape) == 0) return result;  // nothing to compute: no shards
   ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
                    AdmitShards(plan, shard_work, call, &result));
-  void* out = result.output.mutable_data();
   const bool by_heads = plan.axis == SplitAxis::kHeads;
-  ASSIGN_OR_RETURN(result.shards, RunShards(OpKind::kAttention, spec.dtype, plan, shard_work,
-                                            [&](Device& device, const Shard& shard) {
-                                              return device.Attention(
-                                                  spec, by_heads ? shard.range : all_heads,
-                                                  by_heads ? all_rows : shard.range, out, lse);
-                                            }));
+  ASSIGN_OR_RETURN(
+      result.shards,
+      RunShards(OpKind::kAttention, spec.dtype, plan, shard_work,
+                [&](Device& device, const Shard& shard) {
+                  return RunLocal(*store_, spec, device, call, [&](const AttentionSpec& local) {
+                    return device.Attention(local, by_heads ? shard.range : all_heads,
+                                            by_heads ? all_rows : shard.range, out, lse);
+                  });
+                }));
   return result;
 }
 

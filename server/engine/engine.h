@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,6 +21,7 @@
 #include "server/core/planner.h"
 #include "server/device/device.h"
 #include "server/engine/admission.h"
+#include "server/engine/tensor_store.h"
 
 namespace gpucompute {
 
@@ -29,6 +31,12 @@ namespace gpucompute {
 struct CallContext {
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // may be empty: never cancelled
+  // The caller, as owner of the results it keeps (options.keep_output).
+  std::string owner;
+  // The resident tensors the spec's operands name (held alive by the
+  // caller): a shard on a device that cannot read one in place reads a copy
+  // the store makes there.
+  std::vector<std::shared_ptr<ResidentTensor>> resident;
 };
 
 // One shard as reported to clients and metrics.
@@ -42,8 +50,12 @@ struct ShardTiming {
 
 // The result of one operation.
 struct OpResult {
+  // The result in host memory, or with options.keep_output empty and the
+  // result in kept_output (pending: visible once the store publishes it).
   HostTensor output;
   std::optional<HostTensor> lse;  // attention with return_lse
+  std::shared_ptr<ResidentTensor> kept_output;
+  std::shared_ptr<ResidentTensor> kept_lse;
   std::vector<ShardTiming> shards;
   std::string backend;  // "cpu" or "cuda"
   // Seconds the operation waited for room on its devices
@@ -65,9 +77,11 @@ class Engine {
   // them ("cpu" or "cuda"). `observer` may be null; it must outlive the engine.
   // `device_max_inflight_bytes[i]` bounds the bytes (inputs plus outputs) of
   // the shards device i holds at once; missing or <= 0 entries are unbounded.
+  // `resident` configures the store of resident tensors.
   // REQUIRES: devices non-empty.
   Engine(std::string backend, std::vector<std::unique_ptr<Device>> devices,
-         ShardObserver* observer = nullptr, std::vector<int64_t> device_max_inflight_bytes = {});
+         ShardObserver* observer = nullptr, std::vector<int64_t> device_max_inflight_bytes = {},
+         TensorStoreOptions resident = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -92,6 +106,10 @@ class Engine {
   absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec, const CallContext& call = {});
   absl::StatusOr<OpResult> Transpose(const TransposeSpec& spec, const CallContext& call = {});
   absl::StatusOr<OpResult> Attention(const AttentionSpec& spec, const CallContext& call = {});
+
+  // The resident tensors of every client.
+  TensorStore& store() { return *store_; }
+  const TensorStore& store() const { return *store_; }
 
   const std::string& backend() const { return backend_; }
   int num_devices() const { return static_cast<int>(devices_.size()); }
@@ -130,8 +148,15 @@ class Engine {
   absl::StatusOr<OpResult> RunPartitioned(
       OpKind op, DType dtype, const OpOptions& options, const CallContext& call,
       const std::vector<int64_t>& out_shape, const PlanFor& plan_for, const ShardWork& shard_work,
-      const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&, void*)>&
-          run_shard);
+      const std::function<absl::StatusOr<ShardRun>(Device&, const ShardPlan&, const Shard&,
+                                                   OutputView)>& run_shard);
+  // Where a result of `dtype` and `shape` goes: a host tensor (`*host`), or
+  // with options.keep_output a pending resident tensor of call.owner on
+  // device `home` (`*kept`).
+  absl::StatusOr<OutputView> MakeOutput(DType dtype, const std::vector<int64_t>& shape,
+                                        const OpOptions& options, const CallContext& call, int home,
+                                        std::string_view what, HostTensor* host,
+                                        std::shared_ptr<ResidentTensor>* kept);
   // Holds room on each device of `plan` for the bytes of its shards
   // (`shard_work(plan, shard).bytes`), taken in device index order so that
   // operations waiting for several devices never wait on one another in a
@@ -152,8 +177,11 @@ class Engine {
   std::string backend_;
   std::vector<std::unique_ptr<Device>> devices_;
   ShardObserver* observer_;
-  std::unique_ptr<std::atomic<int>[]> inflight_;              // shards running, per device
+  std::unique_ptr<std::atomic<int>[]> inflight_;  // shards running, per device
+  // Per device: estimated seconds (in ns) of the shards running there.
+  std::unique_ptr<std::atomic<int64_t>[]> busy_ns_;
   std::vector<std::unique_ptr<Admission>> device_admission_;  // per device
+  std::unique_ptr<TensorStore> store_;  // after devices_: destroyed before them
 };
 
 }  // namespace gpucompute

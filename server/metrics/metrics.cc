@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -114,7 +115,49 @@ Metrics::Metrics()
                               .Name("gpucompute_device_peer_access")
                               .Help("Topology: 1 for each device that can reach peer's memory "
                                     "directly.")
-                              .Register(*registry_)) {
+                              .Register(*registry_)),
+      stage_duration_(prometheus::BuildHistogram()
+                          .Name("gpucompute_stage_duration_seconds")
+                          .Help("Where requests' time goes, by stage: queue, decode (parse, "
+                                "validate, resolve handles), receive (upload streams), "
+                                "host_to_device, kernel, device_to_host (the longest shard's), "
+                                "encode, send.")
+                          .Register(*registry_)),
+      resident_bytes_(prometheus::BuildGauge()
+                          .Name("gpucompute_resident_bytes")
+                          .Help("Bytes of resident tensors (and their replicas) in the "
+                                "device's memory.")
+                          .Register(*registry_)),
+      resident_tensors_(prometheus::BuildGauge()
+                            .Name("gpucompute_resident_tensors")
+                            .Help("Resident tensors held by the device.")
+                            .Register(*registry_)),
+      resident_cap_(prometheus::BuildGauge()
+                        .Name("gpucompute_resident_cap_bytes")
+                        .Help("The device's bound on resident bytes "
+                              "(--resident_max_bytes_per_device; 0: none).")
+                        .Register(*registry_)) {
+  uploaded_bytes_ = &prometheus::BuildCounter()
+                         .Name("gpucompute_uploaded_bytes_total")
+                         .Help("Bytes of resident tensors received by Upload streams.")
+                         .Register(*registry_)
+                         .Add({});
+  downloaded_bytes_ = &prometheus::BuildCounter()
+                           .Name("gpucompute_downloaded_bytes_total")
+                           .Help("Bytes of resident tensors sent by Download streams.")
+                           .Register(*registry_)
+                           .Add({});
+  expirations_ = &prometheus::BuildCounter()
+                      .Name("gpucompute_resident_expirations_total")
+                      .Help(
+                          "Resident tensors freed because they went unused for longer than "
+                          "--resident_lease.")
+                      .Register(*registry_)
+                      .Add({});
+  for (const char* stage : {"queue", "decode", "receive", "host_to_device", "kernel",
+                            "device_to_host", "encode", "send"}) {
+    stage_histograms_[stage] = &stage_duration_.Add({{"stage", stage}}, KernelBuckets());
+  }
   received_bytes_ = &prometheus::BuildCounter()
                          .Name("gpucompute_received_bytes_total")
                          .Help("Bytes of request messages received.")
@@ -168,10 +211,35 @@ void Metrics::SetDeviceRefresh(std::function<std::vector<DeviceState>()> refresh
   refresh_ = std::move(refresh);
 }
 
+void Metrics::SetExpirationsSource(std::function<int64_t()> expirations) {
+  absl::MutexLock lock(&refresh_mu_);
+  expirations_source_ = std::move(expirations);
+}
+
+void Metrics::ObserveStage(absl::string_view stage, double seconds) {
+  absl::MutexLock lock(&mu_);
+  auto it = stage_histograms_.find(stage);
+  if (it != stage_histograms_.end()) it->second->Observe(seconds);
+}
+
+void Metrics::ObserveStages(const StageSeconds& stages) {
+  ObserveStage("queue", stages.queue);
+  ObserveStage("decode", stages.decode);
+  if (stages.host_to_device > 0) ObserveStage("host_to_device", stages.host_to_device);
+  if (stages.kernel > 0) ObserveStage("kernel", stages.kernel);
+  if (stages.device_to_host > 0) ObserveStage("device_to_host", stages.device_to_host);
+  ObserveStage("encode", stages.encode);
+}
+
 void Metrics::RefreshDevices() const {
   std::vector<DeviceState> states;
   {
     absl::MutexLock lock(&refresh_mu_);
+    if (expirations_source_) {
+      const int64_t total = expirations_source_();
+      if (total > expirations_seen_) expirations_->Increment(double(total - expirations_seen_));
+      expirations_seen_ = std::max(expirations_seen_, total);
+    }
     if (!refresh_) return;
     states = refresh_();
   }
@@ -185,6 +253,9 @@ void Metrics::RefreshDevices() const {
     gauges.inflight_shards->Set(state.inflight_shards);
     gauges.inflight_bytes->Set(static_cast<double>(state.inflight_bytes));
     gauges.healthy->Set(state.healthy ? 1 : 0);
+    gauges.resident_bytes->Set(static_cast<double>(state.resident_bytes));
+    gauges.resident_tensors->Set(static_cast<double>(state.resident_tensors));
+    gauges.resident_cap->Set(static_cast<double>(state.resident_cap_bytes));
   }
 }
 
@@ -213,6 +284,9 @@ void Metrics::SetDevices(absl::Span<const DeviceDescription> devices) {
       gauges.inflight_shards = &device_inflight_shards_.Add({{"device", index}});
       gauges.inflight_bytes = &device_inflight_bytes_.Add({{"device", index}});
       gauges.healthy = &device_healthy_.Add({{"device", index}});
+      gauges.resident_bytes = &resident_bytes_.Add({{"device", index}});
+      gauges.resident_tensors = &resident_tensors_.Add({{"device", index}});
+      gauges.resident_cap = &resident_cap_.Add({{"device", index}});
       gauges.memory_total->Set(static_cast<double>(device.memory_bytes));
       gauges.healthy->Set(1);
       device_gauges_[device.index] = gauges;

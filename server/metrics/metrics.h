@@ -36,6 +36,19 @@ struct DeviceState {
   int inflight_shards = 0;
   int64_t inflight_bytes = 0;  // bytes of the shards admitted to it
   bool healthy = true;
+  int64_t resident_bytes = 0;      // resident tensors and replicas in its memory
+  int64_t resident_tensors = 0;    // resident tensors (replicas not counted)
+  int64_t resident_cap_bytes = 0;  // --resident_max_bytes_per_device; 0: none
+};
+
+// Where one request's time went (Timings in the response), in seconds.
+struct StageSeconds {
+  double queue = 0;
+  double decode = 0;
+  double host_to_device = 0;
+  double kernel = 0;
+  double device_to_host = 0;
+  double encode = 0;
 };
 
 // Every family the server exports:
@@ -57,6 +70,15 @@ struct DeviceState {
 //   gpucompute_device_inflight_bytes{device},
 //   gpucompute_device_healthy{device} (1/0)                gauges, at scrape
 //   gpucompute_device_peer_access{device,peer} = 1         gauge (topology)
+//   gpucompute_stage_duration_seconds{stage}               histogram
+//     (stage: queue, decode, receive, host_to_device, kernel,
+//     device_to_host, encode, send)
+//   gpucompute_resident_bytes{device},
+//   gpucompute_resident_tensors{device},
+//   gpucompute_resident_cap_bytes{device}                  gauges, at scrape
+//   gpucompute_uploaded_bytes_total,
+//   gpucompute_downloaded_bytes_total,
+//   gpucompute_resident_expirations_total                  counters
 // Thread-safe.
 class Metrics final : public ShardObserver {
  public:
@@ -111,6 +133,19 @@ class Metrics final : public ShardObserver {
   void AddQueueDepth(int64_t delta) { queue_depth_->Increment(static_cast<double>(delta)); }
   void AddInflightBytes(int64_t delta) { inflight_bytes_->Increment(static_cast<double>(delta)); }
 
+  // One request's stages (a device stage of 0 is not observed: nothing ran
+  // there), or one stage of a stream ("receive", "send", ...).
+  void ObserveStages(const StageSeconds& stages);
+  void ObserveStage(absl::string_view stage, double seconds);
+  // Resident tensors' bytes moved by Upload and Download streams.
+  void AddUploadedBytes(int64_t bytes) { uploaded_bytes_->Increment(static_cast<double>(bytes)); }
+  void AddDownloadedBytes(int64_t bytes) {
+    downloaded_bytes_->Increment(static_cast<double>(bytes));
+  }
+  // Every Scrape() reads the total of expired resident tensors from
+  // `expirations` (monotonic) into gpucompute_resident_expirations_total.
+  void SetExpirationsSource(std::function<int64_t()> expirations);
+
   // ShardObserver: kernel duration, bytes and FLOPs of one shard, and its
   // transfers (a direction's duration is observed only when it is > 0).
   void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
@@ -139,6 +174,9 @@ class Metrics final : public ShardObserver {
     prometheus::Gauge* inflight_shards;
     prometheus::Gauge* inflight_bytes;
     prometheus::Gauge* healthy;
+    prometheus::Gauge* resident_bytes;
+    prometheus::Gauge* resident_tensors;
+    prometheus::Gauge* resident_cap;
   };
   TransferSeries Transfers(int device);
   void RefreshDevices() const;
@@ -161,6 +199,13 @@ class Metrics final : public ShardObserver {
   prometheus::Family<prometheus::Gauge>& device_inflight_bytes_;
   prometheus::Family<prometheus::Gauge>& device_healthy_;
   prometheus::Family<prometheus::Gauge>& device_peer_access_;
+  prometheus::Family<prometheus::Histogram>& stage_duration_;
+  prometheus::Family<prometheus::Gauge>& resident_bytes_;
+  prometheus::Family<prometheus::Gauge>& resident_tensors_;
+  prometheus::Family<prometheus::Gauge>& resident_cap_;
+  prometheus::Counter* uploaded_bytes_;
+  prometheus::Counter* downloaded_bytes_;
+  prometheus::Counter* expirations_;
   prometheus::Counter* received_bytes_;
   prometheus::Counter* sent_bytes_;
   prometheus::Gauge* inflight_requests_;
@@ -176,6 +221,9 @@ class Metrics final : public ShardObserver {
   absl::flat_hash_map<std::string, prometheus::Counter*> kernel_flops_series_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, TransferSeries> transfer_series_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int, DeviceGauges> device_gauges_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Histogram*> stage_histograms_ ABSL_GUARDED_BY(mu_);
+  std::function<int64_t()> expirations_source_ ABSL_GUARDED_BY(refresh_mu_);
+  mutable int64_t expirations_seen_ ABSL_GUARDED_BY(refresh_mu_) = 0;
 
   // Held while `refresh_` runs (never together with mu_).
   mutable absl::Mutex refresh_mu_;

@@ -40,7 +40,8 @@ class ComputeService::BatchReactor final
     }
     auto item = std::make_shared<v1::BatchRequest>();
     item->Swap(&request_);
-    const Call call{context_, absl::Now(), absl::FromChrono(context_->deadline())};
+    const Call call{context_, absl::Now(), absl::FromChrono(context_->deadline()),
+                    OwnerOf(*context_)};
     const int64_t item_bytes = static_cast<int64_t>(item->ByteSizeLong());
     service_->metrics_->AddReceivedBytes(item_bytes);
     bool run = false;

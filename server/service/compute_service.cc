@@ -1,5 +1,6 @@
 #include "server/service/compute_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -24,20 +25,22 @@ constexpr size_t kMaxBatchIdBytes = 1024;
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
 // Request type -> validated spec, and spec -> engine call.
-absl::StatusOr<GemmSpec> Parse(const v1::GemmRequest& r, const Limits& l) {
-  return ParseGemm(r, l);
+absl::StatusOr<GemmSpec> Parse(const v1::GemmRequest& r, const Limits& l, HandleResolver* h) {
+  return ParseGemm(r, l, h);
 }
-absl::StatusOr<GemvSpec> Parse(const v1::GemvRequest& r, const Limits& l) {
-  return ParseGemv(r, l);
+absl::StatusOr<GemvSpec> Parse(const v1::GemvRequest& r, const Limits& l, HandleResolver* h) {
+  return ParseGemv(r, l, h);
 }
-absl::StatusOr<ReduceSpec> Parse(const v1::ReduceRequest& r, const Limits& l) {
-  return ParseReduce(r, l);
+absl::StatusOr<ReduceSpec> Parse(const v1::ReduceRequest& r, const Limits& l, HandleResolver* h) {
+  return ParseReduce(r, l, h);
 }
-absl::StatusOr<TransposeSpec> Parse(const v1::TransposeRequest& r, const Limits& l) {
-  return ParseTranspose(r, l);
+absl::StatusOr<TransposeSpec> Parse(const v1::TransposeRequest& r, const Limits& l,
+                                    HandleResolver* h) {
+  return ParseTranspose(r, l, h);
 }
-absl::StatusOr<AttentionSpec> Parse(const v1::AttentionRequest& r, const Limits& l) {
-  return ParseAttention(r, l);
+absl::StatusOr<AttentionSpec> Parse(const v1::AttentionRequest& r, const Limits& l,
+                                    HandleResolver* h) {
+  return ParseAttention(r, l, h);
 }
 
 absl::StatusOr<OpResult> Run(Engine& engine, const GemmSpec& spec, const CallContext& call) {
@@ -56,7 +59,74 @@ absl::StatusOr<OpResult> Run(Engine& engine, const AttentionSpec& spec, const Ca
   return engine.Attention(spec, call);
 }
 
+// Output bytes of a spec (what keep_output keeps off the host).
+int64_t OutputBytes(const std::vector<int64_t>& shape, DType dtype) {
+  return NumElements(shape) * int64_t(DTypeSize(dtype));
+}
+int64_t OutputBytes(const GemmSpec& s) { return OutputBytes(s.out_shape, s.options.output_dtype); }
+int64_t OutputBytes(const GemvSpec& s) { return OutputBytes(s.out_shape, s.options.output_dtype); }
+int64_t OutputBytes(const ReduceSpec& s) {
+  return OutputBytes(s.out_shape, s.options.output_dtype);
+}
+int64_t OutputBytes(const TransposeSpec& s) {
+  return OutputBytes(s.out_shape, s.options.output_dtype);
+}
+int64_t OutputBytes(const AttentionSpec& s) {
+  return OutputBytes(s.out_shape, s.options.output_dtype) +
+         (s.return_lse ? s.batch * s.heads_q * s.seq_q * 4 : 0);
+}
+
+// Resolves handles in the store for one owner, holding what it resolved
+// alive (and its bytes counted) until the resolver goes.
+class StoreResolver final : public HandleResolver {
+ public:
+  StoreResolver(TensorStore& store, const std::string& owner) : store_(store), owner_(owner) {}
+  absl::StatusOr<TensorView> Resolve(const std::string& handle, const std::string& field) override {
+    ASSIGN_OR_RETURN(std::shared_ptr<ResidentTensor> tensor, store_.Acquire(owner_, handle, field));
+    const TensorView view = tensor->view();
+    if (std::find(held_.begin(), held_.end(), tensor) == held_.end()) {
+      bytes_ += tensor->bytes();
+      held_.push_back(std::move(tensor));
+    }
+    return view;
+  }
+  const std::vector<std::shared_ptr<ResidentTensor>>& held() const { return held_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  TensorStore& store_;
+  const std::string& owner_;
+  std::vector<std::shared_ptr<ResidentTensor>> held_;
+  int64_t bytes_ = 0;
+};
+
 }  // namespace
+
+// A unary call's reactor: finishes the call and, once gRPC is done with it,
+// records how long sending the response took.
+class ComputeService::UnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit UnaryReactor(Metrics* metrics) : metrics_(metrics) {}
+  void Finish(grpc::Status status) {
+    finished_ = absl::Now();
+    ServerUnaryReactor::Finish(std::move(status));
+  }
+  void OnDone() override {
+    if (finished_ != absl::InfinitePast()) metrics_->ObserveStage("send", SecondsSince(finished_));
+    delete this;
+  }
+
+ private:
+  Metrics* const metrics_;
+  absl::Time finished_ = absl::InfinitePast();
+};
+
+std::string ComputeService::OwnerOf(const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("gpucompute-session");
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
 
 ComputeService::ComputeService(Engine* engine, Admission* admission, WorkerPool* pool,
                                Metrics* metrics, ServiceOptions options)
@@ -66,13 +136,14 @@ ComputeService::ComputeService(Engine* engine, Admission* admission, WorkerPool*
       metrics_(metrics),
       options_(std::move(options)) {
   for (absl::string_view method :
-       {"Gemm", "Gemv", "Reduce", "Transpose", "Attention", "Echo", "GetServerInfo", "Batch"}) {
+       {"Gemm", "Gemv", "Reduce", "Transpose", "Attention", "Echo", "GetServerInfo", "Batch",
+        "Upload", "Download", "Free", "ListTensors"}) {
     metrics_->AddMethod(method);
   }
 }
 
 ComputeService::Call ComputeService::StartCall(grpc::CallbackServerContext* context) const {
-  return Call{context, absl::Now(), absl::FromChrono(context->deadline())};
+  return Call{context, absl::Now(), absl::FromChrono(context->deadline()), OwnerOf(*context)};
 }
 
 void ComputeService::ReleaseTicket(Admission::Ticket& ticket) {
@@ -113,9 +184,17 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     }
     ~QueueSlot() { Leave(); }
   } slot{this};
-  ASSIGN_OR_RETURN(const auto spec, Parse(request, options_.limits));
+  const absl::Time decode_start = absl::Now();
+  StoreResolver handles(engine_->store(), call.owner);
+  ASSIGN_OR_RETURN(const auto spec, Parse(request, options_.limits, &handles));
+  const double decode_seconds = SecondsSince(decode_start);
+  // Admission holds the host memory the operation holds: not its resident
+  // operands, nor a result kept resident.
+  const int64_t host_bytes =
+      std::max<int64_t>(0, FootprintBytes(spec) - handles.bytes() -
+                               (spec.options.keep_output ? OutputBytes(spec) : 0));
   grpc::CallbackServerContext* context = call.context;
-  ASSIGN_OR_RETURN(*ticket, admission_->Admit(FootprintBytes(spec), call.deadline,
+  ASSIGN_OR_RETURN(*ticket, admission_->Admit(host_bytes, call.deadline,
                                               [context] { return context->IsCancelled(); }));
   metrics_->AddInflightBytes(ticket->bytes());
   slot.Leave();
@@ -123,16 +202,35 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   if (absl::Now() >= call.deadline) {
     return absl::DeadlineExceededError("the deadline passed before the operation started");
   }
-  const double queue_seconds = SecondsSince(call.accepted);
+  const double queue_seconds = SecondsSince(call.accepted) - decode_seconds;
   // The devices' own admission waits no longer than the call.
-  const CallContext call_context{call.deadline, [context] { return context->IsCancelled(); }};
+  CallContext call_context;
+  call_context.deadline = call.deadline;
+  call_context.cancelled = [context] { return context->IsCancelled(); };
+  call_context.owner = call.owner;
+  call_context.resident = handles.held();
   absl::StatusOr<OpResult> result = Run(*engine_, spec, call_context);
   if (!result.ok()) {
     if (on_no_healthy_device_ && !engine_->AnyHealthy()) on_no_healthy_device_();
     return result.status();
   }
-  FillResponse(*result, SecondsSince(call.accepted), queue_seconds + result->device_wait_seconds,
-               response);
+  const absl::Time encode_start = absl::Now();
+  if (result->kept_output != nullptr) engine_->store().Publish(result->kept_output);
+  if (result->kept_lse != nullptr) engine_->store().Publish(result->kept_lse);
+  FillResponse(*result, response);
+  v1::Timings* timings = response->mutable_timings();
+  timings->set_queue_seconds(queue_seconds + result->device_wait_seconds);
+  timings->set_decode_seconds(decode_seconds);
+  timings->set_encode_seconds(SecondsSince(encode_start));
+  timings->set_server_seconds(SecondsSince(call.accepted));
+  StageSeconds stages;
+  stages.queue = timings->queue_seconds();
+  stages.decode = decode_seconds;
+  stages.host_to_device = timings->host_to_device_seconds();
+  stages.kernel = timings->kernel_seconds();
+  stages.device_to_host = timings->device_to_host_seconds();
+  stages.encode = timings->encode_seconds();
+  metrics_->ObserveStages(stages);
   return absl::OkStatus();
 }
 
@@ -159,7 +257,7 @@ grpc::ServerUnaryReactor* ComputeService::RunUnary(absl::string_view method,
   metrics_->AddReceivedBytes(static_cast<int64_t>(request->ByteSizeLong()));
   BeginOp();
   EnterQueue();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new UnaryReactor(metrics_);
   pool_->Schedule([this, method, call, request, response, reactor] {
     Admission::Ticket ticket;
     const absl::Status status = Execute(*request, response, call, &ticket);
@@ -259,6 +357,37 @@ grpc::ServerUnaryReactor* ComputeService::GetServerInfo(grpc::CallbackServerCont
   metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
   metrics_->RequestFinished("GetServerInfo", absl::StatusCode::kOk, SecondsSince(accepted));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ComputeService::Free(grpc::CallbackServerContext* context,
+                                               const v1::FreeRequest* request,
+                                               v1::FreeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time accepted = absl::Now();
+  metrics_->RequestStarted();
+  std::vector<std::string> handles(request->handles().begin(), request->handles().end());
+  absl::StatusOr<int64_t> freed = engine_->store().Free(OwnerOf(*context), handles);
+  if (freed.ok()) response->set_freed_bytes(*freed);
+  metrics_->RequestFinished("Free", freed.status().code(), SecondsSince(accepted));
+  reactor->Finish(ToGrpcStatus(freed.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContext* context,
+                                                      const v1::ListTensorsRequest* request,
+                                                      v1::ListTensorsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time accepted = absl::Now();
+  metrics_->RequestStarted();
+  int64_t used = 0;
+  for (const ResidentInfo& info : engine_->store().List(OwnerOf(*context), &used)) {
+    ToProto(info, response->add_tensors());
+  }
+  response->set_used_bytes(used);
+  response->set_quota_bytes(engine_->store().options().quota_bytes);
+  metrics_->RequestFinished("ListTensors", absl::StatusCode::kOk, SecondsSince(accepted));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -9,7 +9,10 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -78,6 +81,21 @@ class ComputeService final : public v1::Compute::CallbackService {
                                           v1::ServerInfoResponse* response) override;
   grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse>* Batch(
       grpc::CallbackServerContext* context) override;
+  // Resident tensors (transfer.cc holds the streams).
+  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* context,
+                                                     v1::UploadResponse* response) override;
+  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(
+      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
+                                 const v1::FreeRequest* request,
+                                 v1::FreeResponse* response) override;
+  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* context,
+                                        const v1::ListTensorsRequest* request,
+                                        v1::ListTensorsResponse* response) override;
+
+  // The owner of a call's resident tensors: its "gpucompute-session"
+  // metadata ("" without one).
+  static std::string OwnerOf(const grpc::CallbackServerContext& context);
 
   // From now on new calls (but GetServerInfo) are answered UNAVAILABLE at
   // once; calls already accepted, and items of open Batch streams, go on.
@@ -90,6 +108,10 @@ class ComputeService final : public v1::Compute::CallbackService {
  private:
   class BatchReactor;
   class RejectedStream;
+  class UnaryReactor;
+  class UploadReactor;
+  class DownloadReactor;
+  class UploadAssembly;
 
   // UNAVAILABLE while draining, counted under `method`.
   absl::Status CheckAccepting(absl::string_view method);
@@ -99,6 +121,7 @@ class ComputeService final : public v1::Compute::CallbackService {
     grpc::CallbackServerContext* context;
     absl::Time accepted;
     absl::Time deadline;
+    std::string owner;  // OwnerOf(context)
   };
 
   Call StartCall(grpc::CallbackServerContext* context) const;
@@ -124,6 +147,17 @@ class ComputeService final : public v1::Compute::CallbackService {
   absl::Status Execute(const Request& request, Response* response, const Call& call,
                        Admission::Ticket* ticket);
 
+  // The upload a stream's header starts or joins: a new pending tensor, or
+  // the upload in progress with the same owner and upload_id (parts > 1).
+  // Errors: the store's (caps, quota, device), INVALID_ARGUMENT for a header
+  // that differs from the upload's.
+  absl::StatusOr<std::shared_ptr<UploadAssembly>> JoinUpload(const std::string& owner,
+                                                             const v1::UploadHeader& header);
+  // Forgets an upload that completed or failed; returns its tensor (null
+  // once dropped).
+  std::shared_ptr<ResidentTensor> FinishUpload(const std::string& owner,
+                                               const std::shared_ptr<UploadAssembly>& assembly);
+
   // Returns an admission ticket's bytes (if any) and updates the gauge.
   void ReleaseTicket(Admission::Ticket& ticket);
 
@@ -142,6 +176,10 @@ class ComputeService final : public v1::Compute::CallbackService {
   Metrics* const metrics_;
   const ServiceOptions options_;
   std::atomic<bool> draining_{false};
+  // Multi-part uploads in progress, by owner and upload_id.
+  absl::Mutex uploads_mu_;
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<UploadAssembly>> uploads_
+      ABSL_GUARDED_BY(uploads_mu_);
   absl::Mutex ops_mu_;
   int64_t active_ops_ ABSL_GUARDED_BY(ops_mu_) = 0;
 };

@@ -1,5 +1,6 @@
 #include "server/service/convert.h"
 
+#include <algorithm>
 #include <string>
 
 #include "server/service/validate.h"
@@ -29,10 +30,13 @@ const char* SplitAxisName(SplitAxis axis) {
 }
 
 template <typename Response>
-void FillOutput(OpResult& result, double server_seconds, double queue_seconds, v1::Tensor* output,
-                Response* response) {
-  MoveToProto(result.output, output);
-  FillTimings(result.shards, server_seconds, queue_seconds, response->mutable_timings());
+void FillOutput(OpResult& result, v1::Tensor* output, Response* response) {
+  if (result.kept_output != nullptr) {
+    ToProto(*result.kept_output, output);
+  } else {
+    MoveToProto(result.output, output);
+  }
+  FillTimings(result.shards, response->mutable_timings());
 }
 
 }  // namespace
@@ -108,11 +112,9 @@ void MoveToProto(HostTensor& tensor, v1::Tensor* out) {
   tensor.shape.clear();
 }
 
-void FillTimings(const std::vector<ShardTiming>& shards, double server_seconds,
-                 double queue_seconds, v1::Timings* out) {
-  out->set_server_seconds(server_seconds);
-  out->set_queue_seconds(queue_seconds);
+void FillTimings(const std::vector<ShardTiming>& shards, v1::Timings* out) {
   out->mutable_shards()->Reserve(static_cast<int>(shards.size()));
+  double h2d = 0, kernel = 0, d2h = 0;
   for (const ShardTiming& shard : shards) {
     v1::ShardTiming* t = out->add_shards();
     t->set_device(shard.device);
@@ -124,33 +126,58 @@ void FillTimings(const std::vector<ShardTiming>& shards, double server_seconds,
     t->set_transfer_seconds(shard.run.transfer_seconds());
     t->set_bytes_per_second(PerSecond(shard.work.bytes, shard.run.kernel_seconds));
     t->set_flops_per_second(PerSecond(shard.work.flops, shard.run.kernel_seconds));
+    t->set_host_to_device_seconds(shard.run.h2d_seconds);
+    t->set_device_to_host_seconds(shard.run.d2h_seconds);
+    t->set_peer_seconds(shard.run.peer_seconds);
+    h2d = std::max(h2d, shard.run.h2d_seconds + shard.run.peer_seconds);
+    kernel = std::max(kernel, shard.run.kernel_seconds);
+    d2h = std::max(d2h, shard.run.d2h_seconds);
   }
+  out->set_host_to_device_seconds(h2d);
+  out->set_kernel_seconds(kernel);
+  out->set_device_to_host_seconds(d2h);
 }
 
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::GemmResponse* response) {
-  FillOutput(result, server_seconds, queue_seconds, response->mutable_c(), response);
+void ToProto(const ResidentTensor& tensor, v1::Tensor* out) {
+  out->set_dtype(ToProtoDType(tensor.dtype()));
+  out->mutable_shape()->Assign(tensor.shape().begin(), tensor.shape().end());
+  out->set_handle(tensor.handle());
 }
 
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::GemvResponse* response) {
-  FillOutput(result, server_seconds, queue_seconds, response->mutable_y(), response);
+void ToProto(const ResidentInfo& info, v1::TensorInfo* out) {
+  out->set_handle(info.handle);
+  out->set_dtype(ToProtoDType(info.dtype));
+  out->mutable_shape()->Assign(info.shape.begin(), info.shape.end());
+  out->set_bytes(info.bytes);
+  out->set_device(info.device);
+  out->mutable_replicas()->Assign(info.replicas.begin(), info.replicas.end());
+  out->set_idle_seconds(info.idle_seconds);
+  out->set_expires_in_seconds(info.expires_in_seconds);
 }
 
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::ReduceResponse* response) {
-  FillOutput(result, server_seconds, queue_seconds, response->mutable_output(), response);
+void FillResponse(OpResult& result, v1::GemmResponse* response) {
+  FillOutput(result, response->mutable_c(), response);
 }
 
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::TransposeResponse* response) {
-  FillOutput(result, server_seconds, queue_seconds, response->mutable_output(), response);
+void FillResponse(OpResult& result, v1::GemvResponse* response) {
+  FillOutput(result, response->mutable_y(), response);
 }
 
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::AttentionResponse* response) {
-  FillOutput(result, server_seconds, queue_seconds, response->mutable_o(), response);
-  if (result.lse) MoveToProto(*result.lse, response->mutable_lse());
+void FillResponse(OpResult& result, v1::ReduceResponse* response) {
+  FillOutput(result, response->mutable_output(), response);
+}
+
+void FillResponse(OpResult& result, v1::TransposeResponse* response) {
+  FillOutput(result, response->mutable_output(), response);
+}
+
+void FillResponse(OpResult& result, v1::AttentionResponse* response) {
+  FillOutput(result, response->mutable_o(), response);
+  if (result.kept_lse != nullptr) {
+    ToProto(*result.kept_lse, response->mutable_lse());
+  } else if (result.lse) {
+    MoveToProto(*result.lse, response->mutable_lse());
+  }
 }
 
 void FillDeviceInfo(const DeviceDescription& description, bool healthy, v1::DeviceInfo* out) {

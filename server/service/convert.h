@@ -29,23 +29,25 @@ absl::StatusCode CodeSeenByClient(const absl::Status& status, grpc::CallbackServ
 // copy; `tensor` is left empty.
 void MoveToProto(HostTensor& tensor, v1::Tensor* out);
 
-// Fills `out` from a finished operation: server and queue seconds as given,
-// and one ShardTiming per shard with bytes/s and FLOP/s over its kernel time.
-void FillTimings(const std::vector<ShardTiming>& shards, double server_seconds,
-                 double queue_seconds, v1::Timings* out);
+// Fills `out` from a finished operation's shards: one ShardTiming per shard
+// with bytes/s and FLOP/s over its kernel time, and the device stages (each
+// the longest shard's). The other stages are the caller's to set.
+void FillTimings(const std::vector<ShardTiming>& shards, v1::Timings* out);
+
+// A resident tensor as a response's tensor: handle, dtype and shape, no data.
+void ToProto(const ResidentTensor& tensor, v1::Tensor* out);
 
 // Moves `result` into the response of its operation (the output and, for
-// attention, the LSE), filling the timings. `result` is left empty.
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::GemmResponse* response);
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::GemvResponse* response);
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::ReduceResponse* response);
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::TransposeResponse* response);
-void FillResponse(OpResult& result, double server_seconds, double queue_seconds,
-                  v1::AttentionResponse* response);
+// attention, the LSE; kept ones as handles), filling the shard timings.
+// `result` is left empty.
+void FillResponse(OpResult& result, v1::GemmResponse* response);
+void FillResponse(OpResult& result, v1::GemvResponse* response);
+void FillResponse(OpResult& result, v1::ReduceResponse* response);
+void FillResponse(OpResult& result, v1::TransposeResponse* response);
+void FillResponse(OpResult& result, v1::AttentionResponse* response);
+
+// A resident tensor as clients see it.
+void ToProto(const ResidentInfo& info, v1::TensorInfo* out);
 
 // A device as GetServerInfo reports it.
 void FillDeviceInfo(const DeviceDescription& description, bool healthy, v1::DeviceInfo* out);

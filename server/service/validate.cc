@@ -42,6 +42,14 @@ std::optional<int64_t> CheckedMul(int64_t a, int64_t b) {
   return product;
 }
 
+// The limits on a result: none but int64's when it stays on the server.
+Limits ForOutput(const Limits& limits, const OpOptions& options) {
+  if (!options.keep_output) return limits;
+  Limits kept = limits;
+  kept.max_output_bytes = std::numeric_limits<int64_t>::max();
+  return kept;
+}
+
 int64_t SaturatingAdd(int64_t a, int64_t b) {
   int64_t sum;
   if (__builtin_add_overflow(a, b, &sum)) return std::numeric_limits<int64_t>::max();
@@ -50,9 +58,44 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
 
 // Parses a required tensor field: `has` is the message's has_<field>().
 absl::StatusOr<TensorView> RequireTensor(bool has, const v1::Tensor& tensor,
-                                         absl::string_view field, absl::string_view expected) {
+                                         absl::string_view field, absl::string_view expected,
+                                         HandleResolver* handles) {
   if (!has) return Invalid(field, absl::StrCat("missing tensor; expected ", expected));
-  return ParseTensor(tensor, field);
+  return ParseTensor(tensor, field, handles);
+}
+
+// A tensor naming a handle: the resident tensor, checked against whatever
+// dtype and shape the request gives.
+absl::StatusOr<TensorView> ResolveTensor(const v1::Tensor& tensor, absl::string_view field,
+                                         HandleResolver* handles) {
+  if (handles == nullptr) {
+    return Invalid(absl::StrCat(field, ".handle"),
+                   "resident tensors are not taken here; send the bytes in data");
+  }
+  if (!tensor.data().empty()) {
+    return Invalid(
+        absl::StrCat(field, ".data"),
+        absl::StrCat("expected no bytes beside a handle but got ", tensor.data().size()));
+  }
+  ASSIGN_OR_RETURN(TensorView view,
+                   handles->Resolve(tensor.handle(), absl::StrCat(field, ".handle")));
+  if (tensor.dtype() != v1::DTYPE_UNSPECIFIED) {
+    ASSIGN_OR_RETURN(const DType dtype, ParseDType(tensor.dtype(), absl::StrCat(field, ".dtype")));
+    if (dtype != view.dtype) {
+      return Invalid(absl::StrCat(field, ".dtype"),
+                     absl::StrCat("resident tensor \"", tensor.handle(), "\" is ",
+                                  ProtoDTypeName(view.dtype), ", not ", ProtoDTypeName(dtype)));
+    }
+  }
+  if (tensor.shape_size() > 0 && !std::equal(tensor.shape().begin(), tensor.shape().end(),
+                                             view.shape.begin(), view.shape.end())) {
+    return Invalid(absl::StrCat(field, ".shape"),
+                   absl::StrCat("resident tensor \"", tensor.handle(), "\" has shape ",
+                                ShapeString(view.shape), ", not ",
+                                ShapeString(std::vector<int64_t>(tensor.shape().begin(),
+                                                                 tensor.shape().end()))));
+  }
+  return view;
 }
 
 absl::Status RequireRank(const TensorView& view, absl::string_view field, int rank,
@@ -118,7 +161,9 @@ v1::DType ToProtoDType(DType dtype) {
   return v1::DTYPE_UNSPECIFIED;
 }
 
-absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field) {
+absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field,
+                                       HandleResolver* handles) {
+  if (!tensor.handle().empty()) return ResolveTensor(tensor, field, handles);
   TensorView view;
   ASSIGN_OR_RETURN(view.dtype, ParseDType(tensor.dtype(), absl::StrCat(field, ".dtype")));
   // No operation takes more than 4 axes; a longer shape is refused before it
@@ -163,9 +208,40 @@ absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_vi
   return view;
 }
 
+absl::StatusOr<int64_t> TensorBytes(v1::DType dtype, absl::Span<const int64_t> shape,
+                                    absl::string_view field) {
+  ASSIGN_OR_RETURN(const DType parsed, ParseDType(dtype, absl::StrCat(field, ".dtype")));
+  if (shape.size() > size_t(kMaxTensorRank)) {
+    return Invalid(
+        absl::StrCat(field, ".shape"),
+        absl::StrCat("rank ", shape.size(), " exceeds the largest supported, ", kMaxTensorRank));
+  }
+  std::optional<int64_t> bytes = static_cast<int64_t>(DTypeSize(parsed));
+  bool empty = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      return Invalid(absl::StrCat(field, ".shape[", i, "]"),
+                     absl::StrCat("expected a dimension >= 0 but got ", shape[i]));
+    }
+    if (shape[i] == 0) {
+      empty = true;
+    } else if (bytes) {
+      bytes = CheckedMul(*bytes, shape[i]);
+    }
+  }
+  const std::vector<int64_t> dims(shape.begin(), shape.end());
+  if (!bytes) {
+    return Invalid(absl::StrCat(field, ".shape"),
+                   absl::StrCat("the size of ", ShapeString(dims), " ",
+                                std::string(DTypeName(parsed)), " overflows int64"));
+  }
+  return empty ? 0 : *bytes;
+}
+
 absl::StatusOr<OpOptions> ParseOptions(const v1::OpOptions& options, DType input_dtype) {
   OpOptions out;
   out.variant = options.variant();
+  out.keep_output = options.keep_output();
   absl::flat_hash_set<int> seen;
   for (int i = 0; i < options.devices_size(); ++i) {
     const int device = options.devices(i);
@@ -187,12 +263,15 @@ absl::StatusOr<OpOptions> ParseOptions(const v1::OpOptions& options, DType input
   return out;
 }
 
-absl::StatusOr<GemmSpec> ParseGemm(const v1::GemmRequest& request, const Limits& limits) {
+absl::StatusOr<GemmSpec> ParseGemm(const v1::GemmRequest& request, const Limits& limits,
+                                   HandleResolver* handles) {
   GemmSpec spec;
-  ASSIGN_OR_RETURN(spec.a, RequireTensor(request.has_a(), request.a(), "a",
-                                         "[M, K] or [batch, M, K] ([K, M] with transpose_a)"));
-  ASSIGN_OR_RETURN(spec.b, RequireTensor(request.has_b(), request.b(), "b",
-                                         "[K, N] or [batch, K, N] ([N, K] with transpose_b)"));
+  ASSIGN_OR_RETURN(spec.a,
+                   RequireTensor(request.has_a(), request.a(), "a",
+                                 "[M, K] or [batch, M, K] ([K, M] with transpose_a)", handles));
+  ASSIGN_OR_RETURN(spec.b,
+                   RequireTensor(request.has_b(), request.b(), "b",
+                                 "[K, N] or [batch, K, N] ([N, K] with transpose_b)", handles));
   for (const auto& [view, field] : {std::pair{&spec.a, "a"}, std::pair{&spec.b, "b"}}) {
     const size_t rank = view->shape.size();
     if (rank != 2 && rank != 3) {
@@ -237,7 +316,7 @@ absl::StatusOr<GemmSpec> ParseGemm(const v1::GemmRequest& request, const Limits&
   spec.alpha = request.has_alpha() ? request.alpha() : 1.0;
   spec.beta = request.beta();
   if (request.has_c()) {
-    ASSIGN_OR_RETURN(TensorView c, ParseTensor(request.c(), "c"));
+    ASSIGN_OR_RETURN(TensorView c, ParseTensor(request.c(), "c", handles));
     RETURN_IF_ERROR(RequireSameDType(c, "c", spec.a, "a"));
     const std::vector<int64_t> shared = {spec.m, spec.n};
     if (c.shape != shared && !(batched_out && c.shape == spec.out_shape)) {
@@ -255,17 +334,19 @@ absl::StatusOr<GemmSpec> ParseGemm(const v1::GemmRequest& request, const Limits&
   }
 
   ASSIGN_OR_RETURN(spec.options, ParseOptions(request.options(), spec.dtype));
-  RETURN_IF_ERROR(
-      CheckOutputBytes("c", spec.out_shape, spec.options.output_dtype, 0, limits).status());
+  RETURN_IF_ERROR(CheckOutputBytes("c", spec.out_shape, spec.options.output_dtype, 0,
+                                   ForOutput(limits, spec.options))
+                      .status());
   return spec;
 }
 
-absl::StatusOr<GemvSpec> ParseGemv(const v1::GemvRequest& request, const Limits& limits) {
+absl::StatusOr<GemvSpec> ParseGemv(const v1::GemvRequest& request, const Limits& limits,
+                                   HandleResolver* handles) {
   GemvSpec spec;
-  ASSIGN_OR_RETURN(
-      spec.a, RequireTensor(request.has_a(), request.a(), "a", "[M, K] ([K, M] with transpose_a)"));
-  ASSIGN_OR_RETURN(spec.x,
-                   RequireTensor(request.has_x(), request.x(), "x", "[K] or [K, n] with n <= 8"));
+  ASSIGN_OR_RETURN(spec.a, RequireTensor(request.has_a(), request.a(), "a",
+                                         "[M, K] ([K, M] with transpose_a)", handles));
+  ASSIGN_OR_RETURN(spec.x, RequireTensor(request.has_x(), request.x(), "x",
+                                         "[K] or [K, n] with n <= 8", handles));
   RETURN_IF_ERROR(RequireRank(spec.a, "a.shape", 2, "([M, K])"));
   RETURN_IF_ERROR(RequireSameDType(spec.x, "x", spec.a, "a"));
   spec.dtype = spec.a.dtype;
@@ -298,7 +379,7 @@ absl::StatusOr<GemvSpec> ParseGemv(const v1::GemvRequest& request, const Limits&
   spec.alpha = request.has_alpha() ? request.alpha() : 1.0;
   spec.beta = request.beta();
   if (request.has_y()) {
-    ASSIGN_OR_RETURN(TensorView y, ParseTensor(request.y(), "y"));
+    ASSIGN_OR_RETURN(TensorView y, ParseTensor(request.y(), "y", handles));
     RETURN_IF_ERROR(RequireSameDType(y, "y", spec.a, "a"));
     if (y.shape != spec.out_shape) {
       return Invalid("y.shape",
@@ -312,15 +393,17 @@ absl::StatusOr<GemvSpec> ParseGemv(const v1::GemvRequest& request, const Limits&
   }
 
   ASSIGN_OR_RETURN(spec.options, ParseOptions(request.options(), spec.dtype));
-  RETURN_IF_ERROR(
-      CheckOutputBytes("y", spec.out_shape, spec.options.output_dtype, 0, limits).status());
+  RETURN_IF_ERROR(CheckOutputBytes("y", spec.out_shape, spec.options.output_dtype, 0,
+                                   ForOutput(limits, spec.options))
+                      .status());
   return spec;
 }
 
-absl::StatusOr<ReduceSpec> ParseReduce(const v1::ReduceRequest& request, const Limits& limits) {
+absl::StatusOr<ReduceSpec> ParseReduce(const v1::ReduceRequest& request, const Limits& limits,
+                                       HandleResolver* handles) {
   ReduceSpec spec;
-  ASSIGN_OR_RETURN(spec.input,
-                   RequireTensor(request.has_input(), request.input(), "input", "a tensor"));
+  ASSIGN_OR_RETURN(spec.input, RequireTensor(request.has_input(), request.input(), "input",
+                                             "a tensor", handles));
   switch (request.op()) {
     case v1::SUM:
       spec.kind = ReduceKind::kSum;
@@ -380,16 +463,17 @@ absl::StatusOr<ReduceSpec> ParseReduce(const v1::ReduceRequest& request, const L
   }
 
   ASSIGN_OR_RETURN(spec.options, ParseOptions(request.options(), spec.input.dtype));
-  RETURN_IF_ERROR(
-      CheckOutputBytes("output", spec.out_shape, spec.options.output_dtype, 0, limits).status());
+  RETURN_IF_ERROR(CheckOutputBytes("output", spec.out_shape, spec.options.output_dtype, 0,
+                                   ForOutput(limits, spec.options))
+                      .status());
   return spec;
 }
 
 absl::StatusOr<TransposeSpec> ParseTranspose(const v1::TransposeRequest& request,
-                                             const Limits& limits) {
+                                             const Limits& limits, HandleResolver* handles) {
   TransposeSpec spec;
   ASSIGN_OR_RETURN(spec.input, RequireTensor(request.has_input(), request.input(), "input",
-                                             "a tensor of rank 1 to 4"));
+                                             "a tensor of rank 1 to 4", handles));
   const std::vector<int64_t>& shape = spec.input.shape;
   const int rank = static_cast<int>(shape.size());
   if (rank < 1 || rank > 4) {
@@ -428,17 +512,21 @@ absl::StatusOr<TransposeSpec> ParseTranspose(const v1::TransposeRequest& request
   for (int i = 0; i < rank; ++i) spec.out_shape.push_back(shape[spec.perm[i]]);
 
   ASSIGN_OR_RETURN(spec.options, ParseOptions(request.options(), spec.input.dtype));
-  RETURN_IF_ERROR(
-      CheckOutputBytes("output", spec.out_shape, spec.options.output_dtype, 0, limits).status());
+  RETURN_IF_ERROR(CheckOutputBytes("output", spec.out_shape, spec.options.output_dtype, 0,
+                                   ForOutput(limits, spec.options))
+                      .status());
   return spec;
 }
 
 absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request,
-                                             const Limits& limits) {
+                                             const Limits& limits, HandleResolver* handles) {
   AttentionSpec spec;
-  ASSIGN_OR_RETURN(spec.q, RequireTensor(request.has_q(), request.q(), "q", "[B, Hq, Sq, D]"));
-  ASSIGN_OR_RETURN(spec.k, RequireTensor(request.has_k(), request.k(), "k", "[B, Hkv, Skv, D]"));
-  ASSIGN_OR_RETURN(spec.v, RequireTensor(request.has_v(), request.v(), "v", "[B, Hkv, Skv, D]"));
+  ASSIGN_OR_RETURN(spec.q,
+                   RequireTensor(request.has_q(), request.q(), "q", "[B, Hq, Sq, D]", handles));
+  ASSIGN_OR_RETURN(spec.k,
+                   RequireTensor(request.has_k(), request.k(), "k", "[B, Hkv, Skv, D]", handles));
+  ASSIGN_OR_RETURN(spec.v,
+                   RequireTensor(request.has_v(), request.v(), "v", "[B, Hkv, Skv, D]", handles));
   RETURN_IF_ERROR(RequireRank(spec.q, "q.shape", 4, "([B, Hq, Sq, D])"));
   RETURN_IF_ERROR(RequireRank(spec.k, "k.shape", 4, "([B, Hkv, Skv, D])"));
   RETURN_IF_ERROR(RequireRank(spec.v, "v.shape", 4, "([B, Hkv, Skv, D])"));
@@ -494,8 +582,9 @@ absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request
   ASSIGN_OR_RETURN(spec.options, ParseOptions(request.options(), spec.dtype));
   const int64_t lse_bytes =
       spec.return_lse ? spec.batch * spec.heads_q * spec.seq_q * int64_t{sizeof(float)} : 0;
-  RETURN_IF_ERROR(
-      CheckOutputBytes("o", spec.out_shape, spec.options.output_dtype, lse_bytes, limits).status());
+  RETURN_IF_ERROR(CheckOutputBytes("o", spec.out_shape, spec.options.output_dtype, lse_bytes,
+                                   ForOutput(limits, spec.options))
+                      .status());
   return spec;
 }
 

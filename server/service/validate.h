@@ -13,10 +13,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "gpucompute/v1/compute.pb.h"
 #include "server/core/ops.h"
 
@@ -38,10 +40,30 @@ absl::StatusOr<DType> ParseDType(v1::DType dtype, absl::string_view field);
 // Ours -> proto.
 v1::DType ToProtoDType(DType dtype);
 
+// Resolves Tensor.handle: a resident tensor as an operand.
+class HandleResolver {
+ public:
+  virtual ~HandleResolver() = default;
+  // The resident tensor `handle` as a view (its device set), kept alive as
+  // long as the resolver lives; NOT_FOUND naming `field` and saying why.
+  virtual absl::StatusOr<TensorView> Resolve(const std::string& handle,
+                                             const std::string& field) = 0;
+};
+
 // Validates one tensor (dtype, dims >= 0, element count fits in int64, byte
 // length == count * element size) and returns a view of its bytes. `field`
 // names it in errors ("a", "x", "input", ...). The view borrows `tensor`.
-absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field);
+// A tensor naming a handle is resolved by `handles` (INVALID_ARGUMENT when
+// null: resident tensors are not taken there); it carries no data, and the
+// dtype and shape it gives, if any, must be the resident tensor's.
+absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field,
+                                       HandleResolver* handles = nullptr);
+
+// The byte size of a tensor of `dtype` and `shape` (dtype set, rank <= 8,
+// dims >= 0, the size fits in int64), or INVALID_ARGUMENT naming
+// `field`.dtype / `field`.shape.
+absl::StatusOr<int64_t> TensorBytes(v1::DType dtype, absl::Span<const int64_t> shape,
+                                    absl::string_view field);
 
 // Longest shape ParseTensor accepts (operations use at most 4 axes).
 inline constexpr int kMaxTensorRank = 8;
@@ -52,15 +74,21 @@ inline constexpr int kMaxTensorRank = 8;
 absl::StatusOr<OpOptions> ParseOptions(const v1::OpOptions& options, DType input_dtype);
 
 // One parser per operation. Each returns the validated spec or
-// INVALID_ARGUMENT / RESOURCE_EXHAUSTED as described above. The returned
-// spec borrows `request`'s tensor bytes.
-absl::StatusOr<GemmSpec> ParseGemm(const v1::GemmRequest& request, const Limits& limits = {});
-absl::StatusOr<GemvSpec> ParseGemv(const v1::GemvRequest& request, const Limits& limits = {});
-absl::StatusOr<ReduceSpec> ParseReduce(const v1::ReduceRequest& request, const Limits& limits = {});
+// INVALID_ARGUMENT / RESOURCE_EXHAUSTED as described above (NOT_FOUND for a
+// handle `handles` does not know). The returned spec borrows `request`'s
+// tensor bytes and the resolved resident tensors.
+absl::StatusOr<GemmSpec> ParseGemm(const v1::GemmRequest& request, const Limits& limits = {},
+                                   HandleResolver* handles = nullptr);
+absl::StatusOr<GemvSpec> ParseGemv(const v1::GemvRequest& request, const Limits& limits = {},
+                                   HandleResolver* handles = nullptr);
+absl::StatusOr<ReduceSpec> ParseReduce(const v1::ReduceRequest& request, const Limits& limits = {},
+                                       HandleResolver* handles = nullptr);
 absl::StatusOr<TransposeSpec> ParseTranspose(const v1::TransposeRequest& request,
-                                             const Limits& limits = {});
+                                             const Limits& limits = {},
+                                             HandleResolver* handles = nullptr);
 absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request,
-                                             const Limits& limits = {});
+                                             const Limits& limits = {},
+                                             HandleResolver* handles = nullptr);
 
 }  // namespace gpucompute
 

@@ -105,7 +105,8 @@ TEST_F(HealthReflectionTest, ReflectionListsTheComputeService) {
       std::set<std::string> methods;
       for (const auto& m : service.method()) methods.insert(m.name());
       EXPECT_EQ(methods, (std::set<std::string>{"Gemm", "Gemv", "Reduce", "Transpose", "Attention",
-                                                "Echo", "GetServerInfo", "Batch"}));
+                                                "Echo", "GetServerInfo", "Batch", "Upload",
+                                                "Download", "Free", "ListTensors"}));
     }
   }
   EXPECT_TRUE(found) << "no gpucompute.v1.Compute in the reflected files";

@@ -67,10 +67,33 @@ ReduceSpec FullSum(int64_t elements) {
 }
 
 TEST(ShardSeconds, AddsEveryModelledTerm) {
-  const WorkCost work{8e9, 7e12};
+  const WorkCost work{8e9, 7e12, 8e9};
   EXPECT_DOUBLE_EQ(ShardSeconds(kGpu, work), 150e-6 + 1.0 + 2e-3 + 1e-2);
   EXPECT_DOUBLE_EQ(ShardSeconds(DeviceCost{}, work), 0.0);
   EXPECT_DOUBLE_EQ(ShardSeconds(DeviceCost{0.5, 0, 2.0, 0}, work), 0.5 + 4e9);
+  // Only the bytes between host and device pay for staging.
+  const WorkCost resident{8e9, 7e12, 2e9};
+  EXPECT_DOUBLE_EQ(ShardSeconds(kGpu, resident), 150e-6 + 0.25 + 2e-3 + 1e-2);
+}
+
+TEST(WorkCost, ResidentOperandsAndKeptResultsStayOffTheHost) {
+  GemmSpec s = Gemm(100, 50, 20, DType::kFloat32);
+  EXPECT_DOUBLE_EQ(GemmWork(s, {0, 100}).host_bytes, GemmWork(s, {0, 100}).bytes);
+  s.b.device = 1;  // B resident on device 1
+  s.options.keep_output = true;
+  const WorkCost w = GemmWork(s, {0, 100});
+  EXPECT_DOUBLE_EQ(w.bytes, 4.0 * (100 * 20 + 20 * 50 + 100 * 50));
+  EXPECT_DOUBLE_EQ(w.host_bytes, 4.0 * 100 * 20);  // A only
+}
+
+TEST(PlaceByCost, ABusyDeviceGivesTheNextOperationToAnIdleOne) {
+  const GemmSpec small = Gemm(64, 64, 64);
+  std::vector<CostedDevice> gpus = Gpus({1, 1});
+  EXPECT_EQ(Devices(PlaceGemm(small, gpus)), (std::vector<int>{0}));
+  gpus[0].busy_seconds = 1e-3;
+  EXPECT_EQ(Devices(PlaceGemm(small, gpus)), (std::vector<int>{1}));
+  gpus[1].busy_seconds = 2e-3;
+  EXPECT_EQ(Devices(PlaceGemm(small, gpus)), (std::vector<int>{0}));
 }
 
 TEST(GemmWork, BytesAndFlopsOfTheShardRows) {
@@ -266,7 +289,8 @@ TEST(PlaceByCost, SmallestCountWithinToleranceAndWeightsDivideIt) {
         return plan;
       },
       [](const ShardPlan&, const Shard& shard) {
-        return WorkCost{double(shard.range.size()) / 100, 0};
+        const double bytes = double(shard.range.size()) / 100;
+        return WorkCost{bytes, 0, bytes};
       });
   // In candidate order.
   EXPECT_EQ(p.shards, (std::vector<Shard>{{7, {0, 600}}, {9, {600, 1000}}}));

@@ -343,7 +343,7 @@ class FlakyDevice : public testing::ForwardingDevice {
   FlakyDevice(std::unique_ptr<Device> inner, bool healthy, bool fail)
       : ForwardingDevice(std::move(inner)), healthy_(healthy), fail_(fail) {}
   bool healthy() const override { return healthy_; }
-  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* out) override {
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView out) override {
     if (fail_) return absl::InternalError("device lost");
     return ForwardingDevice::Gemm(spec, rows, out);
   }
@@ -522,7 +522,7 @@ class GatedDevice : public FlakyDevice {
  public:
   GatedDevice(std::unique_ptr<Device> inner, std::atomic<int>& entered, std::atomic<bool>& open)
       : FlakyDevice(std::move(inner), true, false), entered_(entered), open_(open) {}
-  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* out) override {
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView out) override {
     ++entered_;
     while (!open_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return FlakyDevice::Gemm(spec, rows, out);
@@ -666,15 +666,17 @@ TEST(EngineAdmission, DeadlineAndCancellationEndTheWait) {
   std::thread a([&] { first = engine.Gemm(g.spec); });
   WaitFor([&] { return entered.load() == 1; });
 
-  absl::StatusOr<OpResult> r =
-      engine.Gemm(g.spec, CallContext{absl::Now() + absl::Milliseconds(50), nullptr});
+  CallContext late;
+  late.deadline = absl::Now() + absl::Milliseconds(50);
+  absl::StatusOr<OpResult> r = engine.Gemm(g.spec, late);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(r.status().message(), "deadline passed")) << r.status();
   EXPECT_TRUE(absl::StrContains(r.status().message(), "--device_max_inflight_bytes of device 0"))
       << r.status();
 
   std::atomic<bool> gone{false};
-  const CallContext cancelled{absl::InfiniteFuture(), [&gone] { return gone.load(); }};
+  CallContext cancelled;
+  cancelled.cancelled = [&gone] { return gone.load(); };
   std::thread c([&] { r = engine.Gemm(g.spec, cancelled); });
   absl::SleepFor(absl::Milliseconds(50));
   gone = true;
@@ -707,8 +709,9 @@ TEST(EngineAdmission, OperationsOverSeveralBoundedDevicesNeverDeadlock) {
                                   : t % 3 == 1 ? std::vector<int>{1, 0}
                                                : std::vector<int>{t % 2};
       for (int i = 0; i < 10; ++i) {
-        absl::StatusOr<OpResult> r =
-            engine.Gemm(mine.spec, CallContext{absl::Now() + absl::Seconds(10), nullptr});
+        CallContext call;
+        call.deadline = absl::Now() + absl::Seconds(10);
+        absl::StatusOr<OpResult> r = engine.Gemm(mine.spec, call);
         if (!r.ok() ||
             !reference::CompareClose(testing::Doubles(r->output), mine.Reference(), 1e-4, 1e-5)
                  .empty()) {

@@ -174,11 +174,20 @@ TEST(ConvertTest, TimingsGiveRatesOverKernelTime) {
   shard.run.h2d_seconds = 0.125;
   shard.run.d2h_seconds = 0.125;
   shard.work = {100, 1000};
+  ShardTiming other = shard;
+  other.device = 3;
+  other.run.kernel_seconds = 0.75;
+  other.run.h2d_seconds = 0;
+  other.run.peer_seconds = 0.0625;
   v1::Timings timings;
-  FillTimings({shard}, 1.5, 0.125, &timings);
-  EXPECT_EQ(timings.server_seconds(), 1.5);
-  EXPECT_EQ(timings.queue_seconds(), 0.125);
-  ASSERT_EQ(timings.shards_size(), 1);
+  FillTimings({shard, other}, &timings);
+  ASSERT_EQ(timings.shards_size(), 2);
+  // The device stages are the longest shard's.
+  EXPECT_EQ(timings.host_to_device_seconds(), 0.125);
+  EXPECT_EQ(timings.kernel_seconds(), 0.75);
+  EXPECT_EQ(timings.device_to_host_seconds(), 0.125);
+  EXPECT_EQ(timings.shards(1).peer_seconds(), 0.0625);
+  EXPECT_EQ(timings.shards(1).transfer_seconds(), 0.1875);
   const v1::ShardTiming& t = timings.shards(0);
   EXPECT_EQ(t.device(), 2);
   EXPECT_EQ(t.variant(), "openblas");
@@ -600,7 +609,7 @@ class DyingDevice : public testing::ForwardingDevice {
  public:
   using ForwardingDevice::ForwardingDevice;
   bool healthy() const override { return healthy_.load(); }
-  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* out) override {
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView out) override {
     healthy_ = false;
     return absl::InternalError("device lost");
   }

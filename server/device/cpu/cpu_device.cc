@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -50,6 +51,29 @@ absl::StatusOr<ShardRun> Timed(OpKind op, std::string variant, Kernel&& kernel) 
   }
   run.kernel_seconds = SecondsSince(start);
   return run;
+}
+
+// Host memory holding a resident tensor of a CPU device.
+class HostBuffer final : public DeviceBuffer {
+ public:
+  HostBuffer(int device, int64_t bytes)
+      : bytes_(bytes), data_(new char[size_t(std::max<int64_t>(bytes, 1))]), device_(device) {}
+  void* data() const override { return data_.get(); }
+  int64_t bytes() const override { return bytes_; }
+  int device() const override { return device_; }
+
+ private:
+  const int64_t bytes_;
+  const std::unique_ptr<char[]> data_;  // not initialised: every byte is written first
+  const int device_;
+};
+
+// Copies n bytes in parallel pieces on `pool` (one core's memcpy falls well
+// short of the memory's bandwidth).
+void ParallelCopy(ThreadPool& pool, char* dst, const char* src, int64_t n) {
+  constexpr int64_t kPiece = int64_t{4} << 20;
+  pool.ParallelRange(0, n, kPiece, pool.size(),
+                     [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, size_t(e - b)); });
 }
 
 }  // namespace
@@ -96,24 +120,58 @@ absl::StatusOr<int> CpuDevice::ResolveVariant(OpKind op, const std::string& name
                                                  "; available: ", absl::StrJoin(variants, ", ")));
 }
 
-absl::StatusOr<ShardRun> CpuDevice::Gemm(const GemmSpec& spec, Range rows, void* c_out) {
-  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kGemm, spec.options.variant));
-  return Timed(OpKind::kGemm, Variants(OpKind::kGemm)[variant],
-               [&] { cpu::GemmRows(*pool_, spec, rows, /*naive=*/variant == 1, c_out); });
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuDevice::Allocate(int64_t bytes) {
+  try {
+    return std::make_unique<HostBuffer>(description_.index, bytes);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(description_.name, ": out of host memory allocating ", bytes, " bytes"));
+  }
 }
 
-absl::StatusOr<ShardRun> CpuDevice::Gemv(const GemvSpec& spec, Range rows, void* y_out) {
+absl::Status CpuDevice::Write(DeviceBuffer& buffer, int64_t offset, const void* src, int64_t n,
+                              double* seconds) {
+  const auto start = Clock::now();
+  ParallelCopy(*pool_, static_cast<char*>(buffer.data()) + offset, static_cast<const char*>(src),
+               n);
+  if (seconds != nullptr) *seconds += SecondsSince(start);
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
+                             double* seconds) {
+  const auto start = Clock::now();
+  ParallelCopy(*pool_, static_cast<char*>(dst), static_cast<const char*>(buffer.data()) + offset,
+               n);
+  if (seconds != nullptr) *seconds += SecondsSince(start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuDevice::Replicate(const DeviceBuffer& source,
+                                                                   double* seconds) {
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> copy, Allocate(source.bytes()));
+  RETURN_IF_ERROR(Write(*copy, 0, source.data(), source.bytes(), seconds));
+  return copy;
+}
+
+absl::StatusOr<ShardRun> CpuDevice::Gemm(const GemmSpec& spec, Range rows, OutputView c_out) {
+  ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kGemm, spec.options.variant));
+  return Timed(OpKind::kGemm, Variants(OpKind::kGemm)[variant],
+               [&] { cpu::GemmRows(*pool_, spec, rows, /*naive=*/variant == 1, c_out.data); });
+}
+
+absl::StatusOr<ShardRun> CpuDevice::Gemv(const GemvSpec& spec, Range rows, OutputView y_out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kGemv, spec.options.variant));
   return Timed(OpKind::kGemv, Variants(OpKind::kGemv)[variant],
-               [&] { cpu::GemvRows(*pool_, spec, rows, /*naive=*/variant == 1, y_out); });
+               [&] { cpu::GemvRows(*pool_, spec, rows, /*naive=*/variant == 1, y_out.data); });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::Reduce(const ReduceSpec& spec, Range outer, Range axis,
-                                           bool partial, void* out) {
+                                           bool partial, OutputView out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kReduce, spec.options.variant));
   const cpu::ReduceOutput mode = partial ? cpu::ReduceOutput::kPartial : cpu::ReduceOutput::kFinal;
   return Timed(OpKind::kReduce, Variants(OpKind::kReduce)[variant],
-               [&] { cpu::ReduceRows(*pool_, spec, outer, axis, mode, out); });
+               [&] { cpu::ReduceRows(*pool_, spec, outer, axis, mode, out.data); });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::ReduceChunks(const ReduceSpec& spec, Range outer, Range axis,
@@ -125,17 +183,18 @@ absl::StatusOr<ShardRun> CpuDevice::ReduceChunks(const ReduceSpec& spec, Range o
 }
 
 absl::StatusOr<ShardRun> CpuDevice::Transpose(const TransposeSpec& spec, int prefix_axes,
-                                              Range prefix, void* out) {
+                                              Range prefix, OutputView out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kTranspose, spec.options.variant));
   return Timed(OpKind::kTranspose, Variants(OpKind::kTranspose)[variant],
-               [&] { cpu::TransposePrefix(*pool_, spec, prefix_axes, prefix, out); });
+               [&] { cpu::TransposePrefix(*pool_, spec, prefix_axes, prefix, out.data); });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::Attention(const AttentionSpec& spec, Range heads, Range q_rows,
-                                              void* o_out, float* lse_out) {
+                                              OutputView o_out, OutputView lse_out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kAttention, spec.options.variant));
-  return Timed(OpKind::kAttention, Variants(OpKind::kAttention)[variant],
-               [&] { cpu::AttentionRows(*pool_, spec, heads, q_rows, o_out, lse_out); });
+  return Timed(OpKind::kAttention, Variants(OpKind::kAttention)[variant], [&] {
+    cpu::AttentionRows(*pool_, spec, heads, q_rows, o_out.data, static_cast<float*>(lse_out.data));
+  });
 }
 
 std::vector<std::unique_ptr<Device>> CreateCpuDevices(int count,

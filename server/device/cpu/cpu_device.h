@@ -38,17 +38,29 @@ class CpuDevice : public Device {
   bool healthy() const override { return true; }
   std::vector<std::string> Variants(OpKind op) const override;
 
-  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) override;
-  absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* y_out) override;
+  // Resident tensors live in host memory, which every CPU device reads in
+  // place.
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override;
+  absl::Status Write(DeviceBuffer& buffer, int64_t offset, const void* src, int64_t n,
+                     double* seconds) override;
+  absl::Status Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
+                    double* seconds) override;
+  bool ReadsInPlace(int index) const override { return true; }
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Replicate(const DeviceBuffer& source,
+                                                          double* seconds) override;
+
+  // Operands and outputs are host memory wherever they are said to live.
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView c_out) override;
+  absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, OutputView y_out) override;
   absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis, bool partial,
-                                  void* out) override;
+                                  OutputView out) override;
   // All chunks of the shard at once, in parallel over the pool.
   absl::StatusOr<ShardRun> ReduceChunks(const ReduceSpec& spec, Range outer, Range axis,
                                         float* out) override;
   absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes, Range prefix,
-                                     void* out) override;
+                                     OutputView out) override;
   absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
-                                     void* o_out, float* lse_out) override;
+                                     OutputView o_out, OutputView lse_out) override;
 
  private:
   // Index of `name` in Variants(op) (0 for an empty name), or INVALID_ARGUMENT

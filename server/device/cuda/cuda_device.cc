@@ -70,9 +70,6 @@ constexpr double kCudaCoreFlopsPerSecond = 50e12;
 // Largest score matrix the fp32 attention path materialises (see Attention).
 constexpr int64_t kMaxFp32ScoreBytes = int64_t{2} << 30;
 
-const char* Ptr(const void* p, int64_t byte_offset) {
-  return static_cast<const char*>(p) + byte_offset;
-}
 char* Ptr(void* p, int64_t byte_offset) { return static_cast<char*>(p) + byte_offset; }
 
 // Names of a ladder, fastest first (the kernels list them slowest first).
@@ -90,16 +87,29 @@ std::string ConvertHost(DType from, const void* src, DType to, int64_t n) {
   return out;
 }
 
-// out[0, n) = beta * src[offset, offset + n) in `out_t`, or zeros when there
-// is no source or beta is 0 (the result of a product over an empty K).
-void ScaleRowsOnHost(const TensorView* src, DType src_t, int64_t offset, double beta, DType out_t,
-                     void* out, int64_t n) {
+// beta * src (n elements of `src_t` on the host; null: zeros) in `out_t`:
+// the result of a product over an empty K.
+std::string ScaleOnHost(const void* src, DType src_t, double beta, DType out_t, int64_t n) {
   std::vector<float> v(static_cast<size_t>(n), 0.f);
   if (src != nullptr && beta != 0) {
-    ToFloat(src_t, Ptr(src->data, offset * int64_t(DTypeSize(src_t))), v.data(), n);
+    ToFloat(src_t, src, v.data(), n);
     for (float& x : v) x = float(beta * x);
   }
-  FromFloat(out_t, v.data(), out, n);
+  std::string out(size_t(n) * DTypeSize(out_t), '\0');
+  FromFloat(out_t, v.data(), out.data(), n);
+  return out;
+}
+
+// A dense device buffer of `n` elements of `from` converted to `to` through
+// the host (for output dtypes the kernels cannot write), written into `out`
+// as `rows` rows (n / rows elements each) at byte `offset`, row i at offset
+// + i * pitch.
+absl::Status ConvertOut(ShardScope& scope, const void* src, DType from, DType to, int64_t n,
+                        const OutputView& out, int64_t offset, size_t rows, size_t pitch) {
+  std::string host(size_t(n) * DTypeSize(from), '\0');
+  RETURN_IF_ERROR(scope.Download(host.data(), 0, src, 1, host.size()));
+  const std::string converted = ConvertHost(from, host.data(), to, n);
+  return scope.WriteOut(out, offset, pitch, converted.data(), rows, converted.size() / rows);
 }
 
 // The error for arguments the kernels refuse: it names options.variant when a
@@ -220,23 +230,99 @@ std::vector<std::string> CudaDevice::Variants(OpKind op) const {
   return {};
 }
 
-absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c_out) {
+// A resident buffer in one GPU's memory, from the device's pool.
+class CudaBuffer final : public DeviceBuffer {
+ public:
+  CudaBuffer(int device, int ordinal, void* data, int64_t bytes)
+      : device_(device), ordinal_(ordinal), data_(data), bytes_(bytes) {}
+  ~CudaBuffer() override {
+    DeviceGuard guard(ordinal_);
+    // Nothing uses it any more (every shard waits for its stream before it
+    // ends): freed in the per-thread stream's order, without a device-wide
+    // synchronisation.
+    cudaFreeAsync(data_, cudaStreamPerThread);
+    cudaGetLastError();
+  }
+  void* data() const override { return data_; }
+  int64_t bytes() const override { return bytes_; }
+  int device() const override { return device_; }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  const int device_;
+  const int ordinal_;
+  void* const data_;
+  const int64_t bytes_;
+};
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaDevice::Allocate(int64_t bytes) {
+  ShardScope scope(this);
+  void* p = nullptr;
+  cudaError_t err =
+      cudaMallocFromPoolAsync(&p, size_t(std::max<int64_t>(bytes, 256)), pool_, scope.stream());
+  if (err == cudaSuccess) err = cudaStreamSynchronize(scope.stream());
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Check(err, absl::StrCat("device allocation of ", bytes, " resident bytes"));
+  }
+  return std::make_unique<CudaBuffer>(description_.index, ordinal_, p, bytes);
+}
+
+absl::Status CudaDevice::Write(DeviceBuffer& buffer, int64_t offset, const void* src, int64_t n,
+                               double* seconds) {
+  ShardScope scope(this);
+  RETURN_IF_ERROR(scope.Upload(Ptr(buffer.data(), offset), src, 1, size_t(n), 0));
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(scope.stream()), "resident write"));
+  if (seconds != nullptr) *seconds += scope.Run("").h2d_seconds;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
+                              double* seconds) {
+  ShardScope scope(this);
+  RETURN_IF_ERROR(scope.Download(dst, 0, Ptr(buffer.data(), offset), 1, size_t(n)));
+  if (seconds != nullptr) *seconds += scope.Run("").d2h_seconds;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaDevice::Replicate(const DeviceBuffer& source,
+                                                                    double* seconds) {
+  const auto* from = dynamic_cast<const CudaBuffer*>(&source);
+  if (from == nullptr) return absl::InternalError("Replicate: not a CUDA buffer");
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> copy, Allocate(source.bytes()));
+  ShardScope scope(this);
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(Check(cudaMemcpyPeerAsync(copy->data(), ordinal_, from->data(), from->ordinal(),
+                                            size_t(source.bytes()), scope.stream()),
+                        "peer copy of a resident tensor"));
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(scope.stream()), "peer copy"));
+  if (seconds != nullptr) {
+    *seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return copy;
+}
+
+absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputView c_out) {
   const int64_t mr = rows.size();
   if (mr <= 0 || s.n == 0 || s.batch == 0) return ShardRun{};
+  const DType out_t = s.options.output_dtype;
+  const size_t es = DTypeSize(s.dtype), eo = DTypeSize(out_t);
+  ShardScope scope(this);
   if (s.k == 0) {  // an empty product: C = beta * C (the kernels need K >= 1)
     for (int64_t i = 0; i < s.batch; ++i) {
       const int64_t c_batch = s.c_batched ? i : 0;
-      ScaleRowsOnHost(
-          s.c ? &*s.c : nullptr, s.dtype, (c_batch * s.m + rows.begin) * s.n, s.beta,
-          s.options.output_dtype,
-          Ptr(c_out, (i * s.m + rows.begin) * s.n * int64_t(DTypeSize(s.options.output_dtype))),
-          mr * s.n);
+      std::string c_rows;
+      if (s.c && s.beta != 0) {
+        ASSIGN_OR_RETURN(c_rows, scope.HostCopy(*s.c, (c_batch * s.m + rows.begin) * s.n * es, 1,
+                                                size_t(mr * s.n) * es, 0));
+      }
+      const std::string scaled =
+          ScaleOnHost(c_rows.empty() ? nullptr : c_rows.data(), s.dtype, s.beta, out_t, mr * s.n);
+      RETURN_IF_ERROR(scope.WriteOut(c_out, (i * s.m + rows.begin) * s.n * eo, 0, scaled.data(), 1,
+                                     scaled.size()));
     }
-    return ShardRun{};
+    return scope.Run("empty_k");
   }
-  ShardScope scope(this);
-  const size_t es = DTypeSize(s.dtype);
-  const DType out_t = s.options.output_dtype;
   const int64_t batch_a = s.a_batched ? s.batch : 1;
   const int64_t batch_b = s.b_batched ? s.batch : 1;
 
@@ -252,50 +338,65 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
   args.ldb = s.trans_b ? s.k : s.n;
   args.stride_b = s.b_batched ? s.k * s.n : 0;
   args.ldc = s.n;
-  args.stride_c = mr * s.n;
   args.ab_type = ToKernel(s.dtype);
-  args.c_type = ToKernel(out_t);
   args.alpha = float(s.alpha);
   args.beta = float(s.beta);
   args.allow_tf32 = s.options.allow_tf32;
 
-  // The kernel writes C in out_t, or in fp32 converted here when it cannot.
-  ASSIGN_OR_RETURN(void* a, scope.Alloc(size_t(batch_a * mr * s.k) * es));
-  ASSIGN_OR_RETURN(void* b, scope.Alloc(size_t(batch_b * s.k * s.n) * es));
-  ASSIGN_OR_RETURN(void* c, scope.Alloc(size_t(s.batch * mr * s.n) * 4));
-  args.a = a;
-  args.b = b;
-  args.c = c;
+  // A's rows (dense as [batch_a][K][mr] or [batch_a][mr][K]) and B: in place
+  // when they are resident here and dense, else copied here.
+  if (s.trans_a) {  // A is [batch_a][K][M]: columns rows.begin.. of every row.
+    ASSIGN_OR_RETURN(args.a, scope.Input(s.a, rows.begin * es, size_t(batch_a * s.k),
+                                         size_t(mr) * es, size_t(s.m) * es));
+  } else {
+    ASSIGN_OR_RETURN(args.a, scope.Input(s.a, rows.begin * s.k * es, size_t(batch_a),
+                                         size_t(mr * s.k) * es, size_t(s.m * s.k) * es));
+  }
+  ASSIGN_OR_RETURN(args.b, scope.Input(s.b, 0, 1, size_t(batch_b * s.k * s.n) * es, 0));
+
+  // C: straight into the result when it lives here and the kernel writes its
+  // dtype (batch entries s.m * s.n apart), else into a buffer of out_t or,
+  // failing that, fp32 converted afterwards.
   const std::string& variant = s.options.variant;
-  k::Support support = k::CanImplementGemm(args, variant);
-  if (!support && out_t != DType::kFloat32) {
-    args.c_type = k::DType::kF32;
+  void* in_place = scope.InPlace(c_out, rows.begin * s.n * int64_t(eo));
+  k::Support support;
+  if (in_place != nullptr) {
+    args.c = in_place;
+    args.c_type = ToKernel(out_t);
+    args.stride_c = s.m * s.n;
     support = k::CanImplementGemm(args, variant);
+    if (!support) in_place = nullptr;
+  }
+  if (in_place == nullptr) {
+    ASSIGN_OR_RETURN(void* c, scope.Alloc(size_t(s.batch * mr * s.n) * 4));
+    args.c = c;
+    args.c_type = ToKernel(out_t);
+    args.stride_c = mr * s.n;
+    support = k::CanImplementGemm(args, variant);
+    if (!support && out_t != DType::kFloat32) {
+      args.c_type = k::DType::kF32;
+      support = k::CanImplementGemm(args, variant);
+    }
   }
   if (!support) return Refused("gemm", variant, support.reason);
   const DType c_t = FromKernel(args.c_type);
   const size_t ec = DTypeSize(c_t);
 
-  if (s.trans_a) {  // A is [batch_a][K][M]: columns rows.begin.. of every row.
-    RETURN_IF_ERROR(scope.Upload(a, Ptr(s.a.data, rows.begin * es), size_t(batch_a * s.k),
-                                 size_t(mr) * es, size_t(s.m) * es));
-  } else {
-    RETURN_IF_ERROR(scope.Upload(a, Ptr(s.a.data, rows.begin * s.k * es), size_t(batch_a),
-                                 size_t(mr * s.k) * es, size_t(s.m * s.k) * es));
-  }
-  RETURN_IF_ERROR(scope.Upload(b, s.b.data, 1, size_t(batch_b * s.k * s.n) * es, 0));
   if (s.beta != 0 && s.c.has_value()) {
     const int64_t batch_c = s.c_batched ? s.batch : 1;
+    TensorView c_in = *s.c;
     std::string converted;
-    const void* c_src = s.c->data;
     if (c_t != s.dtype) {
-      converted = ConvertHost(s.dtype, s.c->data, c_t, batch_c * s.m * s.n);
-      c_src = converted.data();
+      ASSIGN_OR_RETURN(std::string host,
+                       scope.HostCopy(*s.c, 0, 1, size_t(batch_c * s.m * s.n) * es, 0));
+      converted = ConvertHost(s.dtype, host.data(), c_t, batch_c * s.m * s.n);
+      c_in.data = converted.data();
+      c_in.device = kHostMemory;
     }
     for (int64_t i = 0; i < s.batch; ++i) {
       const int64_t src_batch = s.c_batched ? i : 0;
-      RETURN_IF_ERROR(scope.Upload(Ptr(c, i * mr * s.n * ec),
-                                   Ptr(c_src, (src_batch * s.m + rows.begin) * s.n * ec), 1,
+      RETURN_IF_ERROR(scope.CopyIn(Ptr(args.c, i * args.stride_c * int64_t(ec)), c_in,
+                                   (src_batch * s.m + rows.begin) * s.n * int64_t(ec), 1,
                                    size_t(mr * s.n) * ec, 0));
     }
   }
@@ -307,33 +408,37 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, void* c
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
       scope.EndKernels(k::LaunchGemm(args, variant, ws, scope.stream()), "gemm launch"));
-  const size_t eo = DTypeSize(out_t);
-  if (c_t == out_t) {
-    RETURN_IF_ERROR(scope.Download(Ptr(c_out, rows.begin * s.n * eo), size_t(s.m * s.n) * eo, c,
-                                   size_t(s.batch), size_t(mr * s.n) * eo));
-  } else {
-    std::vector<float> tmp(size_t(s.batch * mr * s.n));
-    RETURN_IF_ERROR(scope.Download(tmp.data(), 0, c, 1, tmp.size() * 4));
-    for (int64_t i = 0; i < s.batch; ++i)
-      FromFloat(out_t, tmp.data() + i * mr * s.n, Ptr(c_out, (i * s.m + rows.begin) * s.n * eo),
-                mr * s.n);
+  const int64_t out_offset = rows.begin * s.n * int64_t(eo);
+  const size_t out_pitch = size_t(s.m * s.n) * eo;
+  if (in_place == nullptr && c_t == out_t) {
+    RETURN_IF_ERROR(scope.CopyOut(c_out, out_offset, out_pitch, args.c, size_t(s.batch),
+                                  size_t(mr * s.n) * eo));
+  } else if (in_place == nullptr) {
+    RETURN_IF_ERROR(ConvertOut(scope, args.c, c_t, out_t, s.batch * mr * s.n, c_out, out_offset,
+                               size_t(s.batch), out_pitch));
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
   return scope.Run(variant);
 }
 
-absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y_out) {
+absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, OutputView y_out) {
   const int64_t mr = rows.size();
   if (mr <= 0) return ShardRun{};
-  if (s.k == 0) {  // an empty product: y = beta * y (the kernels need K >= 1)
-    const DType out_t = s.options.output_dtype;
-    ScaleRowsOnHost(s.y ? &*s.y : nullptr, s.dtype, rows.begin * s.ncols, s.beta, out_t,
-                    Ptr(y_out, rows.begin * s.ncols * int64_t(DTypeSize(out_t))), mr * s.ncols);
-    return ShardRun{};
-  }
-  ShardScope scope(this);
-  const size_t es = DTypeSize(s.dtype);
   const DType out_t = s.options.output_dtype;
+  const size_t es = DTypeSize(s.dtype), eo = DTypeSize(out_t);
+  ShardScope scope(this);
+  if (s.k == 0) {  // an empty product: y = beta * y (the kernels need K >= 1)
+    std::string y_rows;
+    if (s.y && s.beta != 0) {
+      ASSIGN_OR_RETURN(
+          y_rows, scope.HostCopy(*s.y, rows.begin * s.ncols * es, 1, size_t(mr * s.ncols) * es, 0));
+    }
+    const std::string scaled =
+        ScaleOnHost(y_rows.empty() ? nullptr : y_rows.data(), s.dtype, s.beta, out_t, mr * s.ncols);
+    RETURN_IF_ERROR(
+        scope.WriteOut(y_out, rows.begin * s.ncols * eo, 0, scaled.data(), 1, scaled.size()));
+    return scope.Run("empty_k");
+  }
 
   k::GemvArgs args;
   args.m = mr;
@@ -342,41 +447,52 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y
   args.lda = s.trans_a ? mr : s.k;
   args.ncols = int(s.ncols);
   args.dtype = ToKernel(s.dtype);
-  args.y_type = ToKernel(out_t);
   args.alpha = float(s.alpha);
   args.beta = float(s.beta);
-  ASSIGN_OR_RETURN(void* a, scope.Alloc(size_t(mr * s.k) * es));
-  ASSIGN_OR_RETURN(void* x, scope.Alloc(size_t(s.k * s.ncols) * es));
-  ASSIGN_OR_RETURN(void* y, scope.Alloc(size_t(mr * s.ncols) * 4));
-  args.a = a;
-  args.x = x;
-  args.y = y;
+  if (s.trans_a) {
+    ASSIGN_OR_RETURN(
+        args.a, scope.Input(s.a, rows.begin * es, size_t(s.k), size_t(mr) * es, size_t(s.m) * es));
+  } else {
+    ASSIGN_OR_RETURN(args.a, scope.Input(s.a, rows.begin * s.k * es, 1, size_t(mr * s.k) * es, 0));
+  }
+  ASSIGN_OR_RETURN(args.x, scope.Input(s.x, 0, 1, size_t(s.k * s.ncols) * es, 0));
+
   const std::string& variant = s.options.variant;
-  k::Support support = k::CanImplementGemv(args, variant);
-  if (!support && out_t != DType::kFloat32) {
-    args.y_type = k::DType::kF32;
+  void* in_place = scope.InPlace(y_out, rows.begin * s.ncols * int64_t(eo));
+  k::Support support;
+  if (in_place != nullptr) {
+    args.y = in_place;
+    args.y_type = ToKernel(out_t);
     support = k::CanImplementGemv(args, variant);
+    if (!support) in_place = nullptr;
+  }
+  if (in_place == nullptr) {
+    ASSIGN_OR_RETURN(void* y, scope.Alloc(size_t(mr * s.ncols) * 4));
+    args.y = y;
+    args.y_type = ToKernel(out_t);
+    support = k::CanImplementGemv(args, variant);
+    if (!support && out_t != DType::kFloat32) {
+      args.y_type = k::DType::kF32;
+      support = k::CanImplementGemv(args, variant);
+    }
   }
   if (!support) return Refused("gemv", variant, support.reason);
   const DType y_t = FromKernel(args.y_type);
   const size_t ey = DTypeSize(y_t);
 
-  if (s.trans_a) {
-    RETURN_IF_ERROR(scope.Upload(a, Ptr(s.a.data, rows.begin * es), size_t(s.k), size_t(mr) * es,
-                                 size_t(s.m) * es));
-  } else {
-    RETURN_IF_ERROR(
-        scope.Upload(a, Ptr(s.a.data, rows.begin * s.k * es), 1, size_t(mr * s.k) * es, 0));
-  }
-  RETURN_IF_ERROR(scope.Upload(x, s.x.data, 1, size_t(s.k * s.ncols) * es, 0));
   if (s.beta != 0 && s.y.has_value()) {
+    TensorView y_in = *s.y;
     std::string converted;
-    const void* y_src = Ptr(s.y->data, rows.begin * s.ncols * es);
+    int64_t offset = rows.begin * s.ncols * int64_t(es);
     if (y_t != s.dtype) {
-      converted = ConvertHost(s.dtype, y_src, y_t, mr * s.ncols);
-      y_src = converted.data();
+      ASSIGN_OR_RETURN(std::string host,
+                       scope.HostCopy(*s.y, offset, 1, size_t(mr * s.ncols) * es, 0));
+      converted = ConvertHost(s.dtype, host.data(), y_t, mr * s.ncols);
+      y_in.data = converted.data();
+      y_in.device = kHostMemory;
+      offset = 0;
     }
-    RETURN_IF_ERROR(scope.Upload(y, y_src, 1, size_t(mr * s.ncols) * ey, 0));
+    RETURN_IF_ERROR(scope.CopyIn(args.y, y_in, offset, 1, size_t(mr * s.ncols) * ey, 0));
   }
   size_t ws_bytes = k::GemvWorkspaceBytes(args, variant);
   void* ws = nullptr;
@@ -386,34 +502,34 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, void* y
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
       scope.EndKernels(k::LaunchGemv(args, variant, ws, scope.stream()), "gemv launch"));
-  const size_t eo = DTypeSize(out_t);
-  void* dst = Ptr(y_out, rows.begin * s.ncols * eo);
-  if (y_t == out_t) {
-    RETURN_IF_ERROR(scope.Download(dst, 0, y, 1, size_t(mr * s.ncols) * eo));
-  } else {
-    std::vector<float> tmp(size_t(mr * s.ncols));
-    RETURN_IF_ERROR(scope.Download(tmp.data(), 0, y, 1, tmp.size() * 4));
-    FromFloat(out_t, tmp.data(), dst, mr * s.ncols);
+  const int64_t out_offset = rows.begin * s.ncols * int64_t(eo);
+  if (in_place == nullptr && y_t == out_t) {
+    RETURN_IF_ERROR(scope.CopyOut(y_out, out_offset, 0, args.y, 1, size_t(mr * s.ncols) * eo));
+  } else if (in_place == nullptr) {
+    RETURN_IF_ERROR(ConvertOut(scope, args.y, y_t, out_t, mr * s.ncols, y_out, out_offset, 1, 0));
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
   return scope.Run(variant);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Range axis,
-                                            bool partial, void* out) {
+                                            bool partial, OutputView out) {
   const int64_t no = outer.size(), na = axis.size();
   if (no <= 0 || s.inner == 0) return ShardRun{};
   const DType out_t = partial ? DType::kFloat32 : s.options.output_dtype;
   const size_t es = DTypeSize(s.input.dtype), eo = DTypeSize(out_t);
   const int64_t n_out = no * s.inner;
+  const int64_t out_offset = partial ? 0 : outer.begin * s.inner * int64_t(eo);
+  ShardScope scope(this);
   if (na == 0) {  // An empty reduction: the identity (numpy: mean of nothing is NaN).
     std::vector<float> fill(size_t(n_out), (s.kind == ReduceKind::kMean && !partial)
                                                ? std::numeric_limits<float>::quiet_NaN()
                                                : 0.f);
-    FromFloat(out_t, fill.data(), partial ? out : Ptr(out, outer.begin * s.inner * eo), n_out);
-    return ShardRun{};
+    std::string values(size_t(n_out) * eo, '\0');
+    FromFloat(out_t, fill.data(), values.data(), n_out);
+    RETURN_IF_ERROR(scope.WriteOut(out, out_offset, 0, values.data(), 1, values.size()));
+    return scope.Run("empty_axis");
   }
-  ShardScope scope(this);
   k::ReduceArgs args;
   args.outer = no;
   args.axis = na;
@@ -434,16 +550,18 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
   }
   args.in_type = ToKernel(s.input.dtype);
   args.out_type = ToKernel(out_t);
-  ASSIGN_OR_RETURN(void* in, scope.Alloc(size_t(no * na * s.inner) * es));
-  ASSIGN_OR_RETURN(void* o, scope.Alloc(size_t(n_out) * eo));
-  args.in = in;
+  ASSIGN_OR_RETURN(
+      args.in,
+      scope.Input(s.input, (outer.begin * s.axis_len + axis.begin) * s.inner * int64_t(es),
+                  size_t(no), size_t(na * s.inner) * es, size_t(s.axis_len * s.inner) * es));
+  void* o = scope.InPlace(out, out_offset);
+  if (o == nullptr) {
+    ASSIGN_OR_RETURN(o, scope.Alloc(size_t(n_out) * eo));
+  }
   args.out = o;
   const std::string& variant = s.options.variant;
   k::Support support = k::CanImplementReduce(args, variant);
   if (!support) return Refused("reduce", variant, support.reason);
-  RETURN_IF_ERROR(
-      scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
-                   size_t(no), size_t(na * s.inner) * es, size_t(s.axis_len * s.inner) * es));
   size_t ws_bytes = k::ReduceWorkspaceBytes(args, variant);
   void* ws = nullptr;
   if (ws_bytes) {
@@ -453,8 +571,9 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
       scope.EndKernels(k::LaunchReduce(args, variant, ws, scope.stream()), "reduce launch"));
-  RETURN_IF_ERROR(scope.Download(partial ? out : Ptr(out, outer.begin * s.inner * eo), 0, o, 1,
-                                 size_t(n_out) * eo));
+  if (o != scope.InPlace(out, out_offset)) {
+    RETURN_IF_ERROR(scope.CopyOut(out, out_offset, 0, o, 1, size_t(n_out) * eo));
+  }
   RETURN_IF_ERROR(scope.AddKernelTime());
   return scope.Run(variant);
 }
@@ -477,12 +596,12 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
   args.in_type = ToKernel(s.input.dtype);
   args.out_type = k::DType::kF32;
   const std::string& variant = s.options.variant;
-  ASSIGN_OR_RETURN(void* in, scope.Alloc(size_t(no * na * s.inner) * es));
+  ASSIGN_OR_RETURN(
+      const void* in,
+      scope.Input(s.input, (outer.begin * s.axis_len + axis.begin) * s.inner * int64_t(es),
+                  size_t(no), size_t(na * s.inner) * es, size_t(s.axis_len * s.inner) * es));
   // Device partials as [outer][chunk][inner]; the caller wants [chunk][outer][inner].
   ASSIGN_OR_RETURN(void* part, scope.Alloc(size_t(no * chunks * s.inner) * 4));
-  RETURN_IF_ERROR(
-      scope.Upload(in, Ptr(s.input.data, (outer.begin * s.axis_len + axis.begin) * s.inner * es),
-                   size_t(no), size_t(na * s.inner) * es, size_t(s.axis_len * s.inner) * es));
   // One workspace serves every launch: they run in stream order. The
   // version the kernels pick (and so the workspace) depends on the pointers,
   // so the query sees real ones.
@@ -544,7 +663,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefix_axes,
-                                               Range prefix, void* out) {
+                                               Range prefix, OutputView out) {
   if (prefix.size() <= 0) return ShardRun{};
   ShardScope scope(this);
   const DType in_t = s.input.dtype, out_t = s.options.output_dtype;
@@ -559,23 +678,25 @@ absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefi
     args.shape[i] = s.in_shape[i];
     args.perm[i] = s.perm[i];
   }
-  const void* src = s.input.data;
+  int64_t src_offset = 0;
   size_t up_rows = 1, up_row_bytes = s.input.num_bytes(), up_pitch = 0;
   int64_t out_offset_units = 0;  // where the device output starts, in prefix units
   int64_t device_units = 1;      // prefix units the device computes
-  if (prefix_axes == 1) {
-    // Output rows [begin, end) read only that range of input axis perm[0].
+  if (prefix_axes <= 1) {
+    // Output rows [begin, end) read only that range of input axis perm[0]
+    // (the whole input when the prefix is empty).
     const int a = s.perm[0];
     int64_t outer = 1, inner = 1;
     for (int i = 0; i < a; ++i) outer *= s.in_shape[i];
     for (int i = a + 1; i < s.rank; ++i) inner *= s.in_shape[i];
-    args.shape[a] = prefix.size();
-    src = Ptr(s.input.data, prefix.begin * inner * es);
-    up_rows = size_t(outer);
-    up_row_bytes = size_t(prefix.size() * inner) * es;
-    up_pitch = size_t(s.in_shape[a] * inner) * es;
-    out_offset_units = 0;
-    device_units = prefix.size();
+    if (prefix_axes == 1) {
+      args.shape[a] = prefix.size();
+      src_offset = prefix.begin * inner * int64_t(es);
+      up_rows = size_t(outer);
+      up_row_bytes = size_t(prefix.size() * inner) * es;
+      up_pitch = size_t(s.in_shape[a] * inner) * es;
+      device_units = prefix.size();
+    }
   } else {
     // Several leading axes flattened: the device permutes the whole tensor
     // and returns its part of the output.
@@ -583,36 +704,37 @@ absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefi
     for (int i = 0; i < prefix_axes; ++i) device_units *= s.out_shape[i];
     out_offset_units = prefix.begin;
   }
-  const size_t in_bytes = up_rows * up_row_bytes;
-  ASSIGN_OR_RETURN(void* in, scope.Alloc(in_bytes));
-  ASSIGN_OR_RETURN(void* o, scope.Alloc(size_t(device_units * out_inner) * es));
-  args.in = in;
-  args.out = o;
+  const int64_t n_out = prefix.size() * out_inner;
+  const int64_t dst_offset = prefix.begin * out_inner * int64_t(eo);
+  ASSIGN_OR_RETURN(args.in, scope.Input(s.input, src_offset, up_rows, up_row_bytes, up_pitch));
+  // The result straight into the output when it lives here, the device
+  // computes only its part, and no dtype changes.
+  void* in_place = in_t == out_t && out_offset_units == 0 && device_units == prefix.size()
+                       ? scope.InPlace(out, dst_offset)
+                       : nullptr;
+  if (in_place != nullptr) {
+    args.out = in_place;
+  } else {
+    ASSIGN_OR_RETURN(args.out, scope.Alloc(size_t(device_units * out_inner) * es));
+  }
   const std::string& variant = s.options.variant;
   k::Support support = k::CanImplementPermute(args, variant);
   if (!support) return Refused("transpose", variant, support.reason);
-  RETURN_IF_ERROR(scope.Upload(in, src, up_rows, up_row_bytes, up_pitch));
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
       scope.EndKernels(k::LaunchPermute(args, variant, scope.stream()), "transpose launch"));
-  const int64_t n_out = prefix.size() * out_inner;
-  const void* o_part = Ptr(o, out_offset_units * out_inner * es);
-  void* dst = Ptr(out, prefix.begin * out_inner * eo);
-  if (in_t == out_t) {
-    RETURN_IF_ERROR(scope.Download(dst, 0, o_part, 1, size_t(n_out) * eo));
-  } else {
-    std::string tmp(size_t(n_out) * es, '\0');
-    RETURN_IF_ERROR(scope.Download(tmp.data(), 0, o_part, 1, tmp.size()));
-    std::vector<float> f(static_cast<size_t>(n_out));
-    ToFloat(in_t, tmp.data(), f.data(), n_out);
-    FromFloat(out_t, f.data(), dst, n_out);
+  const void* o_part = Ptr(args.out, out_offset_units * out_inner * int64_t(es));
+  if (in_place == nullptr && in_t == out_t) {
+    RETURN_IF_ERROR(scope.CopyOut(out, dst_offset, 0, o_part, 1, size_t(n_out) * eo));
+  } else if (in_place == nullptr) {
+    RETURN_IF_ERROR(ConvertOut(scope, o_part, in_t, out_t, n_out, out, dst_offset, 1, 0));
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
   return scope.Run(variant);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range heads, Range q_rows,
-                                               void* o_out, float* lse_out) {
+                                               OutputView o_out, OutputView lse_out) {
   const int64_t qn = q_rows.size();
   if (heads.size() <= 0 || qn <= 0) return ShardRun{};
   const int64_t hq = s.heads_q, group = s.heads_q / s.heads_kv, d = s.head_dim;
@@ -648,16 +770,6 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     u = end;
   }
 
-  auto write_empty_rows = [&](const Piece& p) {
-    for (int64_t b = p.b0; b < p.b0 + p.nb; ++b)
-      for (int64_t h = p.h0; h < p.h0 + p.nh; ++h) {
-        const int64_t row0 = (b * hq + h) * s.seq_q + q_rows.begin;
-        std::memset(Ptr(o_out, row0 * d * eo), 0, size_t(qn * d) * eo);
-        if (lse_out)
-          std::fill(lse_out + row0, lse_out + row0 + qn, -std::numeric_limits<float>::infinity());
-      }
-  };
-
   ShardScope scope(this);
   // The flash kernels round fp32 inputs to bf16 on load; fp32 requests get
   // the fp32 reference version unless they name one, while its scratch (the
@@ -668,9 +780,20 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
           double(kMaxFp32ScoreBytes)) {
     variant = "reference";
   }
+  const size_t q_row = size_t(qn * d) * es, kv_row = size_t(skv * d) * es;
   for (const Piece& p : pieces) {
-    if (skv <= 0) {
-      write_empty_rows(p);
+    if (skv <= 0) {  // no query row sees a key: zeros, and -inf LSE
+      const std::string zeros(size_t(qn * d) * eo, '\0');
+      const std::vector<float> ninf(size_t(qn), -std::numeric_limits<float>::infinity());
+      for (int64_t b = p.b0; b < p.b0 + p.nb; ++b)
+        for (int64_t h = p.h0; h < p.h0 + p.nh; ++h) {
+          const int64_t row0 = (b * hq + h) * s.seq_q + q_rows.begin;
+          RETURN_IF_ERROR(
+              scope.WriteOut(o_out, row0 * d * int64_t(eo), 0, zeros.data(), 1, zeros.size()));
+          if (lse_out) {
+            RETURN_IF_ERROR(scope.WriteOut(lse_out, row0 * 4, 0, ninf.data(), 1, ninf.size() * 4));
+          }
+        }
       continue;
     }
     const int64_t nkv = p.nh < group ? 1 : p.nh / group;
@@ -685,38 +808,61 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     args.dtype = ToKernel(in_t);
     args.causal = s.causal;
     args.scale = float(s.scale);
-    const size_t q_bytes = size_t(p.nb * p.nh * qn * d) * es;
-    const size_t kv_bytes = size_t(p.nb * nkv * skv * d) * es;
-    ASSIGN_OR_RETURN(void* q, scope.Alloc(q_bytes));
-    ASSIGN_OR_RETURN(void* kk, scope.Alloc(kv_bytes));
-    ASSIGN_OR_RETURN(void* v, scope.Alloc(kv_bytes));
-    ASSIGN_OR_RETURN(void* o, scope.Alloc(size_t(p.nb * p.nh * qn * d) * es));
-    float* lse = nullptr;
-    if (lse_out) {
-      ASSIGN_OR_RETURN(void* l, scope.Alloc(size_t(p.nb * p.nh * qn) * 4));
-      lse = static_cast<float*>(l);
+    // Q rows of each head; K and V: the first skv keys of each kv head. The
+    // whole tensors in place when the piece is all of them and they live
+    // here.
+    const bool all_q = p.nb == s.batch && p.nh == hq && qn == s.seq_q;
+    const bool all_kv = p.nb == s.batch && nkv == s.heads_kv && skv == s.seq_kv;
+    const size_t q_bytes = size_t(p.nb * p.nh) * q_row;
+    const size_t kv_bytes = size_t(p.nb * nkv) * kv_row;
+    if (all_q) {
+      ASSIGN_OR_RETURN(args.q, scope.Input(s.q, 0, 1, q_bytes, 0));
+    } else {
+      ASSIGN_OR_RETURN(void* q, scope.Alloc(q_bytes));
+      for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
+        RETURN_IF_ERROR(scope.CopyIn(Ptr(q, (b - p.b0) * p.nh * int64_t(q_row)), s.q,
+                                     ((b * hq + p.h0) * s.seq_q + q_rows.begin) * d * int64_t(es),
+                                     size_t(p.nh), q_row, size_t(s.seq_q * d) * es));
+      }
+      args.q = q;
     }
-    args.q = q;
-    args.k = kk;
-    args.v = v;
-    args.o = o;
-    args.lse = lse;
+    if (all_kv) {
+      ASSIGN_OR_RETURN(args.k, scope.Input(s.k, 0, 1, kv_bytes, 0));
+      ASSIGN_OR_RETURN(args.v, scope.Input(s.v, 0, 1, kv_bytes, 0));
+    } else {
+      ASSIGN_OR_RETURN(void* kk, scope.Alloc(kv_bytes));
+      ASSIGN_OR_RETURN(void* v, scope.Alloc(kv_bytes));
+      for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
+        const int64_t kv_off = (b * s.heads_kv + kv0) * s.seq_kv * d * int64_t(es);
+        const int64_t dst = (b - p.b0) * nkv * int64_t(kv_row);
+        RETURN_IF_ERROR(scope.CopyIn(Ptr(kk, dst), s.k, kv_off, size_t(nkv), kv_row,
+                                     size_t(s.seq_kv * d) * es));
+        RETURN_IF_ERROR(
+            scope.CopyIn(Ptr(v, dst), s.v, kv_off, size_t(nkv), kv_row, size_t(s.seq_kv * d) * es));
+      }
+      args.k = kk;
+      args.v = v;
+    }
+    // O (and the LSE) straight into the result when the piece is all of it,
+    // it lives here and no dtype changes.
+    void* o_in_place = all_q && in_t == out_t ? scope.InPlace(o_out, 0) : nullptr;
+    if (o_in_place != nullptr) {
+      args.o = o_in_place;
+    } else {
+      ASSIGN_OR_RETURN(args.o, scope.Alloc(q_bytes));
+    }
+    float* lse_in_place = nullptr;
+    if (lse_out) {
+      lse_in_place = all_q ? static_cast<float*>(scope.InPlace(lse_out, 0)) : nullptr;
+      if (lse_in_place != nullptr) {
+        args.lse = lse_in_place;
+      } else {
+        ASSIGN_OR_RETURN(void* l, scope.Alloc(size_t(p.nb * p.nh * qn) * 4));
+        args.lse = static_cast<float*>(l);
+      }
+    }
     k::Support support = k::CanImplementAttention(args, variant);
     if (!support) return Refused("attention", variant, support.reason);
-    // Q rows of each head; K and V: the first skv keys of each kv head.
-    const size_t q_row = size_t(qn * d) * es, kv_row = size_t(skv * d) * es;
-    for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
-      const int64_t i = b - p.b0;
-      RETURN_IF_ERROR(
-          scope.Upload(Ptr(q, i * p.nh * qn * d * es),
-                       Ptr(s.q.data, ((b * hq + p.h0) * s.seq_q + q_rows.begin) * d * es),
-                       size_t(p.nh), q_row, size_t(s.seq_q * d) * es));
-      const int64_t kv_off = (b * s.heads_kv + kv0) * s.seq_kv * d * es;
-      RETURN_IF_ERROR(scope.Upload(Ptr(kk, i * nkv * skv * d * es), Ptr(s.k.data, kv_off),
-                                   size_t(nkv), kv_row, size_t(s.seq_kv * d) * es));
-      RETURN_IF_ERROR(scope.Upload(Ptr(v, i * nkv * skv * d * es), Ptr(s.v.data, kv_off),
-                                   size_t(nkv), kv_row, size_t(s.seq_kv * d) * es));
-    }
     size_t ws_bytes = k::AttentionWorkspaceBytes(args, variant);
     void* ws = nullptr;
     if (ws_bytes) {
@@ -728,21 +874,17 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
       const int64_t i = b - p.b0;
       const int64_t row0 = (b * hq + p.h0) * s.seq_q + q_rows.begin;
-      const void* o_src = Ptr(o, i * p.nh * qn * d * es);
-      if (in_t == out_t) {
-        RETURN_IF_ERROR(scope.Download(Ptr(o_out, row0 * d * eo), size_t(s.seq_q * d) * eo, o_src,
-                                       size_t(p.nh), q_row));
-      } else {
-        std::string tmp(size_t(p.nh) * q_row, '\0');
-        RETURN_IF_ERROR(scope.Download(tmp.data(), 0, o_src, 1, tmp.size()));
-        for (int64_t h = 0; h < p.nh; ++h) {
-          std::string conv = ConvertHost(in_t, tmp.data() + h * q_row, out_t, qn * d);
-          std::memcpy(Ptr(o_out, (row0 + h * s.seq_q) * d * eo), conv.data(), conv.size());
-        }
+      const void* o_src = Ptr(args.o, i * p.nh * int64_t(q_row));
+      if (o_in_place == nullptr && in_t == out_t) {
+        RETURN_IF_ERROR(scope.CopyOut(o_out, row0 * d * int64_t(eo), size_t(s.seq_q * d) * eo,
+                                      o_src, size_t(p.nh), q_row));
+      } else if (o_in_place == nullptr) {
+        RETURN_IF_ERROR(ConvertOut(scope, o_src, in_t, out_t, p.nh * qn * d, o_out,
+                                   row0 * d * int64_t(eo), size_t(p.nh), size_t(s.seq_q * d) * eo));
       }
-      if (lse_out) {
-        RETURN_IF_ERROR(scope.Download(lse_out + row0, size_t(s.seq_q) * 4, lse + i * p.nh * qn,
-                                       size_t(p.nh), size_t(qn) * 4));
+      if (lse_out && lse_in_place == nullptr) {
+        RETURN_IF_ERROR(scope.CopyOut(lse_out, row0 * 4, size_t(s.seq_q) * 4,
+                                      args.lse + i * p.nh * qn, size_t(p.nh), size_t(qn) * 4));
       }
     }
     RETURN_IF_ERROR(scope.AddKernelTime());

@@ -58,18 +58,31 @@ class CudaDevice : public Device {
   int64_t RowGranularity(OpKind op) const override;
   std::vector<std::string> Variants(OpKind op) const override;
 
-  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, void* c_out) override;
-  absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, void* y_out) override;
+  // Resident tensors live in the GPU's memory (its stream-ordered pool);
+  // another GPU's are copied peer to peer.
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override;
+  absl::Status Write(DeviceBuffer& buffer, int64_t offset, const void* src, int64_t n,
+                     double* seconds) override;
+  absl::Status Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
+                    double* seconds) override;
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> Replicate(const DeviceBuffer& source,
+                                                          double* seconds) override;
+
+  // Operands and results in host memory are staged through the lane's pinned
+  // buffers; those in this GPU's memory are used in place where the kernels
+  // allow (else copied on the device); another GPU's are copied peer to peer.
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView c_out) override;
+  absl::StatusOr<ShardRun> Gemv(const GemvSpec& spec, Range rows, OutputView y_out) override;
   absl::StatusOr<ShardRun> Reduce(const ReduceSpec& spec, Range outer, Range axis, bool partial,
-                                  void* out) override;
+                                  OutputView out) override;
   // One upload and one launch per outer row for all the whole chunks (plus
   // one for a short last chunk), rather than a shard per chunk.
   absl::StatusOr<ShardRun> ReduceChunks(const ReduceSpec& spec, Range outer, Range axis,
                                         float* out) override;
   absl::StatusOr<ShardRun> Transpose(const TransposeSpec& spec, int prefix_axes, Range prefix,
-                                     void* out) override;
+                                     OutputView out) override;
   absl::StatusOr<ShardRun> Attention(const AttentionSpec& spec, Range heads, Range q_rows,
-                                     void* o_out, float* lse_out) override;
+                                     OutputView o_out, OutputView lse_out) override;
 
   int ordinal() const { return ordinal_; }
   void set_peers(std::vector<int> peers) { description_.peers = std::move(peers); }

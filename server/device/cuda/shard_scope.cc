@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -68,6 +69,109 @@ absl::Status ShardScope::Download(void* dst, size_t pitch, const void* src, size
   return s;
 }
 
+namespace {
+
+// A 2-D copy of `rows` rows of `row_bytes` between any two places the
+// runtime can address (device memory of any GPU, or pinned host memory).
+cudaError_t Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                   size_t rows, cudaStream_t stream) {
+  if (rows == 0 || row_bytes == 0) return cudaSuccess;
+  if (dst_pitch == 0) dst_pitch = row_bytes;
+  if (src_pitch == 0) src_pitch = row_bytes;
+  if (rows == 1 || (dst_pitch == row_bytes && src_pitch == row_bytes)) {
+    return cudaMemcpyAsync(dst, src, rows * row_bytes, cudaMemcpyDefault, stream);
+  }
+  return cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDefault,
+                           stream);
+}
+
+}  // namespace
+
+absl::StatusOr<const void*> ShardScope::Input(const TensorView& view, int64_t offset, size_t rows,
+                                              size_t row_bytes, size_t pitch) {
+  const bool dense = rows <= 1 || pitch == 0 || pitch == row_bytes;
+  if (view.device == device_->description().index && dense) {
+    return static_cast<const char*>(view.data) + offset;
+  }
+  ASSIGN_OR_RETURN(void* dst, Alloc(rows * row_bytes));
+  RETURN_IF_ERROR(CopyIn(dst, view, offset, rows, row_bytes, pitch));
+  return dst;
+}
+
+absl::Status ShardScope::CopyIn(void* dst, const TensorView& view, int64_t offset, size_t rows,
+                                size_t row_bytes, size_t pitch) {
+  const char* src = static_cast<const char*>(view.data) + offset;
+  if (view.device == kHostMemory) return Upload(dst, src, rows, row_bytes, pitch);
+  if (view.device == device_->description().index) {
+    return device_->Check(Copy2D(dst, row_bytes, src, pitch, row_bytes, rows, lane_->stream()),
+                          "device copy of an operand");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(
+      device_->Check(Copy2D(dst, row_bytes, src, pitch, row_bytes, rows, lane_->stream()),
+                     "peer copy of an operand"));
+  RETURN_IF_ERROR(device_->Check(cudaStreamSynchronize(lane_->stream()), "peer copy"));
+  peer_seconds_ += SecondsSince(start);
+  peer_bytes_ += double(rows * row_bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ShardScope::HostCopy(const TensorView& view, int64_t offset,
+                                                 size_t rows, size_t row_bytes, size_t pitch) {
+  std::string host(rows * row_bytes, '\0');
+  if (view.device == kHostMemory) {
+    const char* src = static_cast<const char*>(view.data) + offset;
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(host.data() + r * row_bytes, src + r * (pitch ? pitch : row_bytes), row_bytes);
+    }
+    return host;
+  }
+  ASSIGN_OR_RETURN(void* dense, Alloc(rows * row_bytes));
+  RETURN_IF_ERROR(CopyIn(dense, view, offset, rows, row_bytes, pitch));
+  RETURN_IF_ERROR(Download(host.data(), 0, dense, 1, host.size()));
+  return host;
+}
+
+void* ShardScope::InPlace(const OutputView& out, int64_t offset) const {
+  if (out.device != device_->description().index) return nullptr;
+  return static_cast<char*>(out.data) + offset;
+}
+
+absl::Status ShardScope::CopyOut(const OutputView& out, int64_t offset, size_t pitch,
+                                 const void* src, size_t rows, size_t row_bytes) {
+  char* dst = static_cast<char*>(out.data) + offset;
+  if (out.device == kHostMemory) return Download(dst, pitch, src, rows, row_bytes);
+  if (out.device == device_->description().index) {
+    return device_->Check(Copy2D(dst, pitch, src, row_bytes, row_bytes, rows, lane_->stream()),
+                          "device copy of a result");
+  }
+  // To a peer: after the kernels, timed on its own.
+  RETURN_IF_ERROR(device_->Check(cudaStreamSynchronize(lane_->stream()), "work before a copy"));
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(
+      device_->Check(Copy2D(dst, pitch, src, row_bytes, row_bytes, rows, lane_->stream()),
+                     "peer copy of a result"));
+  RETURN_IF_ERROR(device_->Check(cudaStreamSynchronize(lane_->stream()), "peer copy"));
+  peer_seconds_ += SecondsSince(start);
+  peer_bytes_ += double(rows * row_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ShardScope::WriteOut(const OutputView& out, int64_t offset, size_t pitch,
+                                  const void* src, size_t rows, size_t row_bytes) {
+  if (out.device == kHostMemory) {
+    char* dst = static_cast<char*>(out.data) + offset;
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + r * (pitch ? pitch : row_bytes),
+                  static_cast<const char*>(src) + r * row_bytes, row_bytes);
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(void* staged, Alloc(rows * row_bytes));
+  RETURN_IF_ERROR(Upload(staged, src, 1, rows * row_bytes, 0));
+  return CopyOut(out, offset, pitch, staged, rows, row_bytes);
+}
+
 absl::Status ShardScope::BeginKernels() {
   if (!kernel_begin_) {
     RETURN_IF_ERROR(device_->Check(cudaEventCreate(&kernel_begin_), "cudaEventCreate"));
@@ -98,6 +202,8 @@ ShardRun ShardScope::Run(std::string variant) const {
   r.d2h_seconds = d2h_seconds_;
   r.h2d_bytes = h2d_bytes_;
   r.d2h_bytes = d2h_bytes_;
+  r.peer_seconds = peer_seconds_;
+  r.peer_bytes = peer_bytes_;
   return r;
 }
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,33 @@ class ShardScope {
   // that work anyway.
   absl::Status Download(void* dst, size_t pitch, const void* src, size_t rows, size_t row_bytes);
 
+  // Operands and results wherever they live (host memory, this device's or
+  // another's; views say which). Rows: `rows` rows of `row_bytes`, row i at
+  // byte offset + i * pitch of the view (pitch 0: dense).
+  //
+  // The rows as dense memory on this device: the view's own when it lives
+  // here and the rows are dense (no copy), else a pool allocation they are
+  // copied into (uploaded, copied on the device, or copied from a peer).
+  absl::StatusOr<const void*> Input(const TensorView& view, int64_t offset, size_t rows,
+                                    size_t row_bytes, size_t pitch);
+  // Copies the rows into `dst`, dense memory of this device.
+  absl::Status CopyIn(void* dst, const TensorView& view, int64_t offset, size_t rows,
+                      size_t row_bytes, size_t pitch);
+  // The rows in host memory (for the rare conversions done on the host).
+  absl::StatusOr<std::string> HostCopy(const TensorView& view, int64_t offset, size_t rows,
+                                       size_t row_bytes, size_t pitch);
+  // Where the kernels may write a result at byte `offset` of `out` directly:
+  // out's own memory when it lives on this device, else null.
+  void* InPlace(const OutputView& out, int64_t offset) const;
+  // Copies dense rows at `src` (this device's memory) into `out`, row i at
+  // byte offset + i * pitch (downloaded, copied on the device, or copied to
+  // a peer).
+  absl::Status CopyOut(const OutputView& out, int64_t offset, size_t pitch, const void* src,
+                       size_t rows, size_t row_bytes);
+  // Copies dense host rows at `src` into `out` likewise.
+  absl::Status WriteOut(const OutputView& out, int64_t offset, size_t pitch, const void* src,
+                        size_t rows, size_t row_bytes);
+
   // Bracket kernel launches with events: BeginKernels before the first
   // launch, EndKernels with the last launch's result after it.
   absl::Status BeginKernels();
@@ -75,6 +103,8 @@ class ShardScope {
   double d2h_seconds_ = 0;
   double h2d_bytes_ = 0;
   double d2h_bytes_ = 0;
+  double peer_seconds_ = 0;
+  double peer_bytes_ = 0;
 };
 
 }  // namespace gpucompute::cuda

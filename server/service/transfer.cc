@@ -1,0 +1,498 @@
+// The resident-tensor streams: Upload (client streaming, one or several
+// parts of one tensor in chunks) and Download (server streaming, a byte range
+// in chunks). Each chunk goes between the message and the device's memory
+// (Device::Write / Read, staged through pinned memory on a GPU) while gRPC
+// receives or sends the next: the reactor keeps one read or write in flight
+// while it copies the previous or next chunk.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "server/common/status_macros.h"
+#include "server/service/compute_service.h"
+#include "server/service/convert.h"
+
+namespace gpucompute {
+namespace {
+
+// Most parts of one upload.
+constexpr int kMaxParts = 64;
+// Download chunks: the default, and the bounds of what a client may ask.
+constexpr int64_t kDefaultChunkBytes = int64_t{4} << 20;
+constexpr int64_t kMaxChunkBytes = int64_t{64} << 20;
+
+double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+absl::Status Invalid(absl::string_view field, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+}
+
+}  // namespace
+
+// The parts of one upload, shared by the streams that carry them. The tensor
+// is published once every part is in and the parts cover it exactly; a part
+// that fails fails them all, and nothing is kept.
+class ComputeService::UploadAssembly {
+ public:
+  UploadAssembly(std::shared_ptr<ResidentTensor> tensor, const v1::UploadHeader& header)
+      : tensor_(std::move(tensor)), header_(header) {}
+
+  // The tensor being assembled (null once the upload failed).
+  std::shared_ptr<ResidentTensor> Tensor() {
+    absl::MutexLock lock(&mu_);
+    return tensor_;
+  }
+  const v1::UploadHeader& header() const { return header_; }
+  int parts() const { return std::max(1, header_.parts()); }
+
+  // Registers the part [begin, end) of a stream. INVALID_ARGUMENT when it
+  // overlaps a part already registered, or the upload has failed.
+  absl::Status AddPart(int64_t begin, int64_t end) {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    if (static_cast<int>(ranges_.size()) >= parts()) {
+      return Invalid("header.parts", absl::StrCat("more than ", parts(), " streams joined"));
+    }
+    for (const auto& [b, e] : ranges_) {
+      if (begin < e && b < end) {
+        return Invalid("header.part_begin",
+                       absl::StrCat("part [", begin, ", ", end, ") overlaps part [", b, ", ", e,
+                                    ") of another stream"));
+      }
+    }
+    ranges_.emplace_back(begin, end);
+    return absl::OkStatus();
+  }
+
+  // A stream carried its whole part. Returns true when that completed the
+  // upload: then the caller publishes the tensor and calls Complete.
+  // INVALID_ARGUMENT when the parts do not cover the tensor.
+  absl::StatusOr<bool> PartDone() {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    if (++done_ < parts()) return false;
+    std::vector<std::pair<int64_t, int64_t>> sorted = ranges_;
+    std::sort(sorted.begin(), sorted.end());
+    int64_t next = 0;
+    for (const auto& [b, e] : sorted) {
+      if (b != next) break;
+      next = e;
+    }
+    if (next != tensor_->bytes()) {
+      error_ = Invalid("header.part_begin",
+                       absl::StrCat("the ", parts(), " parts do not cover the tensor's ",
+                                    tensor_->bytes(), " bytes (covered from 0 to ", next, ")"));
+      return error_;
+    }
+    return true;
+  }
+
+  // The upload failed; the first error is kept. Returns the streams waiting
+  // for the end, which the caller finishes with the error.
+  std::vector<UploadReactor*> Fail(absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = std::move(error);
+    return std::move(waiting_);
+  }
+  absl::Status error() const {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+  // A stream waits for the other parts; false when the upload has already
+  // failed (then it does not wait).
+  bool Wait(UploadReactor* reactor) {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return false;
+    waiting_.push_back(reactor);
+    return true;
+  }
+  // A waiting stream leaves (cancelled).
+  bool StopWaiting(UploadReactor* reactor) {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find(waiting_.begin(), waiting_.end(), reactor);
+    if (it == waiting_.end()) return false;
+    waiting_.erase(it);
+    return true;
+  }
+  // The streams waiting for the end, once it has come.
+  std::vector<UploadReactor*> TakeWaiting() {
+    absl::MutexLock lock(&mu_);
+    return std::move(waiting_);
+  }
+  // Drops the tensor (failed uploads keep nothing).
+  void Drop() {
+    absl::MutexLock lock(&mu_);
+    tensor_.reset();
+  }
+
+ private:
+  std::shared_ptr<ResidentTensor> tensor_;
+  const v1::UploadHeader header_;
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> ranges_ ABSL_GUARDED_BY(mu_);
+  int done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::vector<UploadReactor*> waiting_ ABSL_GUARDED_BY(mu_);
+};
+
+// One Upload stream: reads the header, then chunk after chunk, each written
+// into the tensor while the next is being received.
+class ComputeService::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+ public:
+  UploadReactor(ComputeService* service, grpc::CallbackServerContext* context,
+                v1::UploadResponse* response)
+      : service_(service), context_(context), response_(response), owner_(OwnerOf(*context)) {
+    service_->metrics_->RequestStarted();
+    StartRead(&incoming_);
+  }
+
+  void OnReadDone(bool ok) override {
+    absl::Status failed;
+    {
+      absl::MutexLock order(&copy_mu_);
+      if (!ok) {
+        failed = EndOfStream();
+      } else {
+        // One message at a time is copied; the next is received meanwhile.
+        v1::UploadRequest chunk;
+        chunk.Swap(&incoming_);
+        if (first_ == absl::InfinitePast()) first_ = absl::Now();
+        if (assembly_ == nullptr) {
+          failed = Begin(chunk);
+        } else if (chunk.has_header()) {
+          failed = Invalid("header", "only the first message of a stream carries one");
+        }
+        if (failed.ok() && !aborted_) {
+          StartRead(&incoming_);
+          failed = Copy(chunk);
+        }
+      }
+      if (!failed.ok()) failed = Abort(failed);
+    }
+    // Outside copy_mu_: once finished, the reactor may be deleted.
+    if (!failed.ok()) {
+      FinishOnce(failed);
+    } else if (completed_.has_value()) {
+      Complete(*completed_);
+    }
+  }
+
+  void OnCancel() override {
+    absl::Status cancelled = absl::CancelledError("the upload stream was cancelled");
+    {
+      absl::MutexLock order(&copy_mu_);
+      cancelled = Abort(cancelled);
+    }
+    FinishOnce(cancelled);
+  }
+
+  void OnDone() override {
+    service_->metrics_->RequestFinished("Upload", final_code_, SecondsSince(accepted_));
+    delete this;
+  }
+
+  // The upload this stream belongs to ended: finishes with `info` or the
+  // error. REQUIRES: called once, by the stream that completed the upload or
+  // failed it, for a stream no longer reading.
+  void Complete(const absl::StatusOr<ResidentInfo>& info) {
+    if (info.ok()) {
+      ToProto(*info, response_->mutable_tensor());
+      response_->set_receive_seconds(receive_seconds_);
+      response_->set_host_to_device_seconds(h2d_seconds_);
+    }
+    FinishOnce(info.status());
+  }
+
+ private:
+  // Validates the header and creates (or joins) the upload.
+  absl::Status Begin(const v1::UploadRequest& first) {
+    if (!first.has_header()) return Invalid("header", "missing in the first message");
+    const v1::UploadHeader& h = first.header();
+    ASSIGN_OR_RETURN(const int64_t bytes, TensorBytes(h.dtype(), h.shape(), "header"));
+    if (h.parts() < 0 || h.parts() > kMaxParts) {
+      return Invalid("header.parts",
+                     absl::StrCat("expected 0 to ", kMaxParts, " but got ", h.parts()));
+    }
+    if (h.parts() <= 1) {
+      if (h.part_begin() != 0 || (h.part_end() != 0 && h.part_end() != bytes)) {
+        return Invalid("header.part_begin",
+                       "a single-stream upload carries the whole tensor (leave the part unset)");
+      }
+      begin_ = 0;
+      end_ = bytes;
+    } else {
+      if (h.upload_id().empty()) {
+        return Invalid("header.upload_id", "required when the upload has several parts");
+      }
+      if (h.part_begin() < 0 || h.part_end() < h.part_begin() || h.part_end() > bytes) {
+        return Invalid("header.part_begin",
+                       absl::StrCat("part [", h.part_begin(), ", ", h.part_end(),
+                                    ") is not within the tensor's ", bytes, " bytes"));
+      }
+      begin_ = h.part_begin();
+      end_ = h.part_end();
+    }
+    next_ = begin_;
+    ASSIGN_OR_RETURN(std::shared_ptr<UploadAssembly> assembly, service_->JoinUpload(owner_, h));
+    tensor_ = assembly->Tensor();
+    if (tensor_ == nullptr) return assembly->error();
+    assembly_ = std::move(assembly);
+    return assembly_->AddPart(begin_, end_);
+  }
+
+  // Writes one chunk's bytes where they belong.
+  absl::Status Copy(const v1::UploadRequest& chunk) {
+    const int64_t n = static_cast<int64_t>(chunk.data().size());
+    if (n == 0) return absl::OkStatus();
+    if (chunk.offset() != next_) {
+      return Invalid("offset",
+                     absl::StrCat("expected ", next_,
+                                  " (chunks come in order, each where the previous ended) but "
+                                  "got ",
+                                  chunk.offset()));
+    }
+    if (n > end_ - next_) {
+      return Invalid("data", absl::StrCat("bytes [", next_, ", ", next_ + n,
+                                          ") pass the end of the stream's part at ", end_));
+    }
+    RETURN_IF_ERROR(
+        service_->engine_->store().Write(*tensor_, next_, chunk.data().data(), n, &h2d_seconds_));
+    next_ += n;
+    service_->metrics_->AddReceivedBytes(n);
+    service_->metrics_->AddUploadedBytes(n);
+    return absl::OkStatus();
+  }
+
+  // The client half-closed (or went away). Returns the error to finish
+  // with; OK when this stream is done (answered, or waiting for the other
+  // parts). REQUIRES: copy_mu_ held.
+  absl::Status EndOfStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    if (aborted_) return absl::OkStatus();  // already finished
+    if (context_->IsCancelled()) return absl::CancelledError("the upload stream was cancelled");
+    if (assembly_ == nullptr) return Invalid("header", "the stream ended before its first message");
+    if (next_ != end_) {
+      return Invalid("data", absl::StrCat("the stream ended at byte ", next_,
+                                          ", short of its part's end at ", end_));
+    }
+    receive_seconds_ = SecondsSince(first_);
+    service_->metrics_->ObserveStage("receive", receive_seconds_);
+    ASSIGN_OR_RETURN(const bool complete, assembly_->PartDone());
+    if (!complete) {
+      // The other parts will finish this stream (or its cancellation will).
+      if (!assembly_->Wait(this)) return assembly_->error();
+      return absl::OkStatus();
+    }
+    service_->FinishUpload(owner_, assembly_);
+    const ResidentInfo info = service_->engine_->store().Publish(tensor_);
+    for (UploadReactor* other : assembly_->TakeWaiting()) other->Complete(info);
+    completed_ = info;  // this stream finishes once copy_mu_ is released
+    return absl::OkStatus();
+  }
+
+  // Fails the upload this stream belongs to (the tensor is dropped) and the
+  // other streams waiting on it; returns the error this stream finishes with.
+  // REQUIRES: copy_mu_ held.
+  absl::Status Abort(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    aborted_ = true;
+    if (assembly_ != nullptr) {
+      assembly_->StopWaiting(this);
+      std::vector<UploadReactor*> others = assembly_->Fail(status);
+      service_->FinishUpload(owner_, assembly_);
+      assembly_->Drop();
+      tensor_.reset();
+      const absl::Status part_failed =
+          status.code() == absl::StatusCode::kCancelled
+              ? absl::AbortedError("another part of this upload was cancelled")
+              : absl::AbortedError(
+                    absl::StrCat("another part of this upload failed: ", status.message()));
+      for (UploadReactor* other : others) {
+        if (other != this) other->FinishOnce(part_failed);
+      }
+    }
+    return status;
+  }
+
+  void FinishOnce(const absl::Status& status) {
+    {
+      absl::MutexLock lock(&finish_mu_);
+      if (finished_) return;
+      finished_ = true;
+      final_code_ = status.code();
+    }
+    Finish(ToGrpcStatus(status));
+  }
+
+  ComputeService* const service_;
+  grpc::CallbackServerContext* const context_;
+  v1::UploadResponse* const response_;
+  const std::string owner_;
+  const absl::Time accepted_ = absl::Now();
+  v1::UploadRequest incoming_;  // the read in flight
+
+  absl::Mutex copy_mu_;  // chunks are copied one at a time, in order
+  bool aborted_ = false;
+  std::shared_ptr<UploadAssembly> assembly_;
+  std::shared_ptr<ResidentTensor> tensor_;  // held while this stream writes
+  int64_t begin_ = 0, end_ = 0, next_ = 0;  // the part, and the next byte expected
+  absl::Time first_ = absl::InfinitePast();
+  double receive_seconds_ = 0;
+  double h2d_seconds_ = 0;
+  std::optional<ResidentInfo> completed_;  // set when this stream completed the upload
+
+  absl::Mutex finish_mu_;
+  bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
+  absl::StatusCode final_code_ = absl::StatusCode::kOk;
+};
+
+absl::StatusOr<std::shared_ptr<ComputeService::UploadAssembly>> ComputeService::JoinUpload(
+    const std::string& owner, const v1::UploadHeader& header) {
+  const bool single = header.parts() <= 1;
+  absl::MutexLock lock(&uploads_mu_);
+  if (!single) {
+    auto it = uploads_.find({owner, header.upload_id()});
+    if (it != uploads_.end()) {
+      const v1::UploadHeader& first = it->second->header();
+      if (first.dtype() != header.dtype() || first.parts() != header.parts() ||
+          !std::equal(first.shape().begin(), first.shape().end(), header.shape().begin(),
+                      header.shape().end()) ||
+          first.has_device() != header.has_device() || first.device() != header.device()) {
+        return Invalid("header", absl::StrCat("upload \"", header.upload_id(),
+                                              "\" is in progress with another dtype, shape, "
+                                              "device or number of parts"));
+      }
+      return it->second;
+    }
+  }
+  std::optional<int> device;
+  if (header.has_device()) device = header.device();
+  std::vector<int64_t> shape(header.shape().begin(), header.shape().end());
+  ASSIGN_OR_RETURN(std::shared_ptr<ResidentTensor> tensor,
+                   engine_->store().Create(owner, *ParseDType(header.dtype(), "header.dtype"),
+                                           std::move(shape), device, "header.device"));
+  auto assembly = std::make_shared<UploadAssembly>(std::move(tensor), header);
+  if (!single) uploads_[{owner, header.upload_id()}] = assembly;
+  return assembly;
+}
+
+std::shared_ptr<ResidentTensor> ComputeService::FinishUpload(
+    const std::string& owner, const std::shared_ptr<UploadAssembly>& assembly) {
+  if (assembly->parts() > 1) {
+    absl::MutexLock lock(&uploads_mu_);
+    auto it = uploads_.find({owner, assembly->header().upload_id()});
+    if (it != uploads_.end() && it->second == assembly) uploads_.erase(it);
+  }
+  return assembly->Tensor();
+}
+
+// One Download stream: the byte range in chunks, each read from the device
+// once the previous one is handed to gRPC.
+class ComputeService::DownloadReactor final
+    : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+ public:
+  DownloadReactor(ComputeService* service, grpc::CallbackServerContext* context,
+                  const v1::DownloadRequest& request)
+      : service_(service) {
+    service_->metrics_->RequestStarted();
+    absl::Status status = Start(OwnerOf(*context), request);
+    if (status.ok()) status = SendNext();
+    if (!status.ok()) Done(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Done(absl::CancelledError("the download stream broke"));
+      return;
+    }
+    service_->metrics_->AddSentBytes(sent_bytes_);
+    service_->metrics_->AddDownloadedBytes(sent_bytes_);
+    if (next_ >= end_) {
+      service_->metrics_->ObserveStage("send", SecondsSince(started_));
+      Done(absl::OkStatus());
+      return;
+    }
+    if (absl::Status status = SendNext(); !status.ok()) Done(status);
+  }
+
+  void OnDone() override {
+    service_->metrics_->RequestFinished("Download", final_code_, SecondsSince(accepted_));
+    delete this;
+  }
+
+ private:
+  absl::Status Start(const std::string& owner, const v1::DownloadRequest& request) {
+    ASSIGN_OR_RETURN(tensor_,
+                     service_->engine_->store().Acquire(owner, request.handle(), "handle"));
+    const int64_t size = tensor_->bytes();
+    if (request.offset() < 0 || request.offset() > size) {
+      return Invalid("offset", absl::StrCat("expected 0 to ", size,
+                                            " (the tensor's bytes) but got ", request.offset()));
+    }
+    if (request.length() < 0 || request.length() > size - request.offset()) {
+      return Invalid("length", absl::StrCat("expected 0 to ", size - request.offset(), " but got ",
+                                            request.length()));
+    }
+    if (request.chunk_bytes() < 0 || request.chunk_bytes() > kMaxChunkBytes) {
+      return Invalid("chunk_bytes",
+                     absl::StrCat("expected 0 (the server's choice) to ", kMaxChunkBytes,
+                                  " but got ", request.chunk_bytes()));
+    }
+    chunk_ = request.chunk_bytes() == 0 ? kDefaultChunkBytes : request.chunk_bytes();
+    next_ = request.offset();
+    end_ = request.length() == 0 ? size : request.offset() + request.length();
+    started_ = absl::Now();
+    return absl::OkStatus();
+  }
+
+  // Reads the next chunk (after the tensor's description, in the first) and
+  // starts writing it.
+  absl::Status SendNext() {
+    message_.Clear();
+    if (first_) {
+      ToProto(service_->engine_->store().Info(*tensor_), message_.mutable_tensor());
+      first_ = false;
+    }
+    const int64_t n = std::min(chunk_, end_ - next_);
+    message_.set_offset(next_);
+    std::string* data = message_.mutable_data();
+    data->resize(size_t(n));
+    RETURN_IF_ERROR(
+        service_->engine_->store().Read(*tensor_, next_, data->data(), n, &d2h_seconds_));
+    next_ += n;
+    sent_bytes_ = n;
+    StartWrite(&message_);
+    return absl::OkStatus();
+  }
+
+  void Done(const absl::Status& status) {
+    final_code_ = status.code();
+    Finish(ToGrpcStatus(status));
+  }
+
+  ComputeService* const service_;
+  const absl::Time accepted_ = absl::Now();
+  std::shared_ptr<ResidentTensor> tensor_;
+  int64_t chunk_ = kDefaultChunkBytes, next_ = 0, end_ = 0;
+  bool first_ = true;
+  v1::DownloadResponse message_;  // being written
+  int64_t sent_bytes_ = 0;
+  double d2h_seconds_ = 0;
+  absl::Time started_ = absl::InfinitePast();
+  absl::StatusCode final_code_ = absl::StatusCode::kOk;
+};
+
+grpc::ServerReadReactor<v1::UploadRequest>* ComputeService::Upload(
+    grpc::CallbackServerContext* context, v1::UploadResponse* response) {
+  return new UploadReactor(this, context, response);
+}
+
+grpc::ServerWriteReactor<v1::DownloadResponse>* ComputeService::Download(
+    grpc::CallbackServerContext* context, const v1::DownloadRequest* request) {
+  return new DownloadReactor(this, context, *request);
+}
+
+}  // namespace gpucompute
