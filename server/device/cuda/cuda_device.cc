@@ -143,9 +143,10 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal, int 
       CudaStatus(cudaMemPoolSetAttribute(d->pool_, cudaMemPoolAttrReleaseThreshold, &threshold),
                  "memory pool release threshold"));
 
+  d->copier_ = std::make_unique<ThreadPool>(std::max(1, options.copy_threads));
   for (int i = 0; i < std::max(1, options.lanes); ++i) {
-    ASSIGN_OR_RETURN(auto lane,
-                     Lane::Create(ordinal, options.staging_chunk_bytes, options.staging_buffers));
+    ASSIGN_OR_RETURN(auto lane, Lane::Create(ordinal, options.staging_chunk_bytes,
+                                             options.staging_buffers, d->copier_.get()));
     d->lanes_.push_back(std::move(lane));
   }
   absl::MutexLock lock(&d->mu_);

@@ -27,7 +27,10 @@ namespace gpucompute::cuda {
 
 struct CudaDeviceOptions {
   // Streams (lanes) per device: shards beyond this many wait for a lane.
-  int lanes = 4;
+  int lanes = 8;
+  // Threads that copy between pageable host memory and the lanes' pinned
+  // buffers (shared by the lanes).
+  int copy_threads = 4;
   // Pinned staging per lane: `staging_buffers` buffers of `staging_chunk_bytes`.
   size_t staging_chunk_bytes = size_t{8} << 20;
   int staging_buffers = 3;
@@ -116,6 +119,7 @@ class CudaDevice : public Device {
   double memory_bytes_per_second_ = 0;  // calibrated; 0: not calibrated
 
   absl::Mutex mu_;
+  std::unique_ptr<ThreadPool> copier_;  // before lanes_: they use it
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<Lane*> free_lanes_ ABSL_GUARDED_BY(mu_);
 };

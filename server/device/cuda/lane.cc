@@ -46,12 +46,42 @@ void ScatterRows(void* rows_base, const void* dense, size_t row_bytes, size_t pi
   }
 }
 
+// Pieces of a staging copy worth a thread of their own.
+constexpr size_t kCopyPiece = size_t{1} << 20;
+
 }  // namespace
 
+void Lane::Gather(void* dense, const void* rows_base, size_t row_bytes, size_t pitch,
+                  size_t offset, size_t n) {
+  if (copier_ == nullptr || n < 2 * kCopyPiece) {
+    GatherRows(dense, rows_base, row_bytes, pitch, offset, n);
+    return;
+  }
+  copier_->ParallelRange(0, int64_t(n), int64_t(kCopyPiece), copier_->size(),
+                         [&](int64_t b, int64_t e) {
+                           GatherRows(static_cast<char*>(dense) + b, rows_base, row_bytes, pitch,
+                                      offset + size_t(b), size_t(e - b));
+                         });
+}
+
+void Lane::Scatter(void* rows_base, const void* dense, size_t row_bytes, size_t pitch,
+                   size_t offset, size_t n) {
+  if (copier_ == nullptr || n < 2 * kCopyPiece) {
+    ScatterRows(rows_base, dense, row_bytes, pitch, offset, n);
+    return;
+  }
+  copier_->ParallelRange(0, int64_t(n), int64_t(kCopyPiece), copier_->size(),
+                         [&](int64_t b, int64_t e) {
+                           ScatterRows(rows_base, static_cast<const char*>(dense) + b, row_bytes,
+                                       pitch, offset + size_t(b), size_t(e - b));
+                         });
+}
+
 absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_bytes,
-                                                   int num_buffers) {
+                                                   int num_buffers, ThreadPool* copier) {
   std::unique_ptr<Lane> lane(new Lane());
   lane->ordinal_ = ordinal;
+  lane->copier_ = copier;
   lane->chunk_bytes_ = chunk_bytes;
   absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking),
                               "cudaStreamCreate");
@@ -90,7 +120,7 @@ absl::Status Lane::Upload(void* dst, const void* src, size_t rows, size_t row_by
         return s;
       pending_[b] = false;
     }
-    GatherRows(buffers_[b], src, row_bytes, src_pitch, off, n);
+    Gather(buffers_[b], src, row_bytes, src_pitch, off, n);
     if (absl::Status s = CudaStatus(cudaMemcpyAsync(static_cast<char*>(dst) + off, buffers_[b], n,
                                                     cudaMemcpyHostToDevice, stream_),
                                     "host-to-device copy");
@@ -132,7 +162,7 @@ absl::Status Lane::Download(void* dst, size_t dst_pitch, const void* src, size_t
         !s.ok())
       return s;
     pending_[b] = false;
-    ScatterRows(dst, buffers_[b], row_bytes, dst_pitch, off, n);
+    Scatter(dst, buffers_[b], row_bytes, dst_pitch, off, n);
     if (i + nb < chunks)
       if (absl::Status s = issue(i + nb); !s.ok()) return s;
   }
