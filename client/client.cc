@@ -1,9 +1,11 @@
 #include "client/client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -33,14 +35,189 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
   return contents.str();
 }
 
-// Applies the deadline and wait-for-ready of one call.
-void Configure(const ClientOptions& options, const CallOptions& call, grpc::ClientContext& ctx) {
+using Deadline = std::optional<std::chrono::system_clock::time_point>;
+
+// The deadline of a call starting now; nullopt for none.
+Deadline DeadlineOf(const ClientOptions& options, const CallOptions& call) {
   absl::Duration timeout =
       call.timeout > absl::ZeroDuration() ? call.timeout : options.default_timeout;
-  if (timeout != absl::InfiniteDuration()) {
-    ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
-  }
+  if (timeout == absl::InfiniteDuration()) return std::nullopt;
+  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout);
+}
+
+// Applies the deadline, wait-for-ready and session of one call.
+void Configure(const ClientOptions& options, const CallOptions& call, const Deadline& deadline,
+               grpc::ClientContext& ctx) {
+  if (deadline) ctx.set_deadline(*deadline);
   ctx.set_wait_for_ready(call.wait_for_ready);
+  if (!options.session.empty()) ctx.AddMetadata(kSessionMetadataKey, options.session);
+}
+
+void Configure(const ClientOptions& options, const CallOptions& call, grpc::ClientContext& ctx) {
+  Configure(options, call, DeadlineOf(options, call), ctx);
+}
+
+// Most streams of one transfer (each is a thread of the caller's).
+constexpr int kMaxStreams = 64;
+// Room in a transfer message for the fields beside its chunk of data (the
+// header with up to 8 dimensions and an upload id, the offset).
+constexpr int64_t kMessageOverhead = 1024;
+
+// The streams of one transfer: their contexts (one deadline for all), and
+// the first failure among them, which cancels the others (their CANCELLED
+// is then a consequence, not the news).
+class StreamGroup {
+ public:
+  StreamGroup(size_t streams, const ClientOptions& options, const CallOptions& call) {
+    Deadline deadline = DeadlineOf(options, call);
+    for (size_t i = 0; i < streams; ++i) {
+      contexts_.push_back(std::make_unique<grpc::ClientContext>());
+      Configure(options, call, deadline, *contexts_.back());
+    }
+  }
+  StreamGroup(const StreamGroup&) = delete;
+  StreamGroup& operator=(const StreamGroup&) = delete;
+
+  grpc::ClientContext& context(size_t i) { return *contexts_[i]; }
+
+  // Records the failure of one stream; the first cancels every stream.
+  void Fail(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return;
+    error_ = std::move(status);
+    for (auto& ctx : contexts_) ctx->TryCancel();
+  }
+
+  // OK, or the first failure.
+  absl::Status error() const {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  mutable absl::Mutex mu_;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+// Runs body(i) for every i in [0, n): 0 on the calling thread, the others on
+// threads of their own.
+void RunStreams(size_t n, const std::function<void(size_t)>& body) {
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < n; ++i) threads.emplace_back(body, i);
+  body(0);
+  for (std::thread& t : threads) t.join();
+}
+
+// A fresh id for the parts of one upload (unique among this client's uploads
+// in flight: 128 random bits).
+std::string NewUploadId() {
+  std::random_device device;
+  auto word = [&device] { return (uint64_t{device()} << 32) | device(); };
+  return absl::StrCat(absl::Hex(word(), absl::kZeroPad16), absl::Hex(word(), absl::kZeroPad16));
+}
+
+// The streams and chunk size of one transfer: the per-transfer overrides or
+// the client's, the chunk cut down to fit in a message. INVALID_ARGUMENT for
+// too many streams.
+absl::Status TransferSettings(const ClientOptions& options, int streams_override,
+                              int64_t chunk_override, int& streams, int64_t& chunk_bytes) {
+  streams = streams_override > 0 ? streams_override : options.streams;
+  chunk_bytes = chunk_override > 0 ? chunk_override : options.chunk_bytes;
+  if (streams > kMaxStreams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams: ", streams, " is more than ", kMaxStreams));
+  }
+  chunk_bytes =
+      std::min(chunk_bytes, std::max<int64_t>(1, options.max_message_bytes - kMessageOverhead));
+  return absl::OkStatus();
+}
+
+// Sends one upload stream: `header`, then the bytes `part` from `source` in
+// chunks of at most chunk_bytes (one empty chunk for an empty tensor).
+// Returns OK once the server answered with a TensorInfo in `response`.
+absl::Status SendUpload(v1::Compute::Stub& stub, grpc::ClientContext& ctx,
+                        const v1::UploadHeader& header, ByteRange part, int64_t chunk_bytes,
+                        const UploadSource& source, v1::UploadResponse& response) {
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer = stub.Upload(&ctx, &response);
+  v1::UploadRequest message;
+  *message.mutable_header() = header;
+  std::string& data = *message.mutable_data();
+  absl::Status source_status;
+  bool sent_all = true;
+  int64_t offset = part.begin;
+  do {
+    const int64_t n = std::min(chunk_bytes, part.end - offset);
+    message.set_offset(offset);
+    data.resize(n);
+    if (n > 0) source_status = source(offset, n, data.data());
+    if (!source_status.ok()) {
+      ctx.TryCancel();
+      sent_all = false;
+      break;
+    }
+    if (!writer->Write(message)) {  // the stream broke: Finish says why
+      sent_all = false;
+      break;
+    }
+    message.clear_header();
+    offset += n;
+  } while (offset < part.end);
+  if (sent_all) writer->WritesDone();
+  grpc::Status status = writer->Finish();
+  if (!source_status.ok()) return source_status;
+  if (!status.ok()) return FromGrpc(status);
+  if (!response.has_tensor()) {
+    return absl::InternalError("upload: the server answered without a TensorInfo");
+  }
+  return absl::OkStatus();
+}
+
+// Reads the rest of one Download stream that asked for the bytes from
+// `asked.begin` to `asked.end`; `message` holds its first message. The bytes
+// below `until` go to `sink`. When until < asked.end the stream is cancelled
+// once they are in; otherwise it is read to its end, which must be
+// asked.end. Errors: the stream's status, the sink's, INTERNAL for a chunk
+// out of order, past the range or missing.
+absl::Status ReceiveDownload(grpc::ClientReader<v1::DownloadResponse>& reader,
+                             grpc::ClientContext& ctx, v1::DownloadResponse& message,
+                             ByteRange asked, int64_t until, const DownloadSink& sink) {
+  absl::Status error;
+  int64_t next = asked.begin;
+  bool more = true;
+  while (more) {
+    const int64_t n = static_cast<int64_t>(message.data().size());
+    if (message.offset() != next || n > asked.end - next) {
+      error = absl::InternalError(absl::StrCat(
+          "download: the server sent bytes [", message.offset(), ", ", message.offset() + n,
+          ") where [", next, ", ...) of [", asked.begin, ", ", asked.end, ") was due"));
+      break;
+    }
+    const int64_t wanted = std::min(n, until - next);
+    if (wanted > 0) {
+      error = sink(next, message.data().data(), wanted);
+      if (!error.ok()) break;
+    }
+    next += n;
+    if (next >= until && until < asked.end) {  // the later bytes are another stream's
+      ctx.TryCancel();
+      reader.Finish();
+      return absl::OkStatus();
+    }
+    more = reader.Read(&message);
+  }
+  if (!error.ok()) {
+    ctx.TryCancel();
+    reader.Finish();
+    return error;
+  }
+  grpc::Status status = reader.Finish();
+  if (!status.ok()) return FromGrpc(status);
+  if (next != asked.end) {
+    return absl::InternalError(absl::StrCat("download: the stream ended at byte ", next, " of [",
+                                            asked.begin, ", ", asked.end, ")"));
+  }
+  return absl::OkStatus();
 }
 
 // One unary call on `stub` through the member function `method`.
@@ -59,6 +236,18 @@ absl::StatusOr<Response> Unary(const ClientOptions& options, const CallOptions& 
 
 }  // namespace
 
+std::vector<ByteRange> SplitTransfer(int64_t bytes, int streams, int64_t parallel_min_bytes) {
+  if (streams <= 1 || bytes == 0 || bytes < parallel_min_bytes) return {ByteRange{0, bytes}};
+  const int64_t units = (bytes + kTransferAlignment - 1) / kTransferAlignment;
+  const int64_t parts = std::min<int64_t>(streams, units);
+  std::vector<ByteRange> ranges(parts);
+  for (int64_t i = 0; i < parts; ++i) {
+    ranges[i].begin = units * i / parts * kTransferAlignment;
+    ranges[i].end = i + 1 < parts ? units * (i + 1) / parts * kTransferAlignment : bytes;
+  }
+  return ranges;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.target.empty()) return absl::InvalidArgumentError("target: empty");
   if (options.max_message_bytes <= 0) {
@@ -74,6 +263,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (!options.use_tls && (!options.root_certs_path.empty() || !options.client_cert_path.empty() ||
                            !options.tls_server_name.empty())) {
     return absl::InvalidArgumentError("use_tls: TLS files or server name given without TLS");
+  }
+  if (options.streams < 1 || options.streams > kMaxStreams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams: ", options.streams, " is not in [1, ", kMaxStreams, "]"));
+  }
+  if (options.chunk_bytes < 1) return absl::InvalidArgumentError("chunk_bytes: must be positive");
+  if (options.parallel_min_bytes < 0) {
+    return absl::InvalidArgumentError("parallel_min_bytes: negative");
+  }
+  for (char c : options.session) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError("session: not printable ASCII (it travels as metadata)");
+    }
   }
 
   grpc::ChannelArguments args;
@@ -104,15 +306,32 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   } else {
     credentials = grpc::InsecureChannelCredentials();
   }
-  auto channel = grpc::CreateCustomChannel(options.target, credentials, args);
-  return std::unique_ptr<Client>(new Client(std::move(options), std::move(channel)));
+  return std::unique_ptr<Client>(
+      new Client(std::move(options), std::move(credentials), std::move(args)));
 }
 
-Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+Client::Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
+               grpc::ChannelArguments args)
     : options_(std::move(options)),
-      channel_(std::move(channel)),
+      credentials_(std::move(credentials)),
+      args_(std::move(args)),
+      channel_(grpc::CreateCustomChannel(options_.target, credentials_, args_)),
       stub_(v1::Compute::NewStub(channel_)),
       health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+v1::Compute::Stub& Client::TransferStub(int i) const {
+  absl::MutexLock lock(&transfer_mu_);
+  while (static_cast<int>(transfer_stubs_.size()) <= i) {
+    // A subchannel pool of its own gives the channel its own connection; the
+    // distinct argument keeps any two of them from being taken as equal.
+    grpc::ChannelArguments args = args_;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("gpucompute.connection", static_cast<int>(transfer_stubs_.size()));
+    transfer_stubs_.push_back(
+        v1::Compute::NewStub(grpc::CreateCustomChannel(options_.target, credentials_, args)));
+  }
+  return *transfer_stubs_[i];
+}
 
 absl::StatusOr<v1::GemmResponse> Client::Gemm(const v1::GemmRequest& request,
                                               const CallOptions& call) const {
@@ -156,6 +375,223 @@ absl::StatusOr<ServingStatus> Client::Health(const std::string& service,
       Unary(options_, call, *health_stub_, &grpc::health::v1::Health::Stub::Check, request);
   if (!response.ok()) return response.status();
   return response->status();
+}
+
+absl::StatusOr<v1::TensorInfo> Client::Upload(v1::DType dtype, const std::vector<int64_t>& shape,
+                                              const void* data, const UploadOptions& upload,
+                                              const CallOptions& call) const {
+  const char* bytes = static_cast<const char*>(data);
+  return UploadFrom(
+      dtype, shape,
+      [bytes](int64_t offset, int64_t size, char* dst) {
+        std::memcpy(dst, bytes + offset, size);
+        return absl::OkStatus();
+      },
+      upload, call);
+}
+
+absl::StatusOr<v1::TensorInfo> Client::Upload(const v1::Tensor& tensor, const UploadOptions& upload,
+                                              const CallOptions& call) const {
+  if (!tensor.handle().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: names the resident tensor \"", tensor.handle(), "\" already"));
+  }
+  if (absl::Status status = CheckTensor(tensor, "tensor"); !status.ok()) return status;
+  return Upload(tensor.dtype(), ShapeOf(tensor), tensor.data().data(), upload, call);
+}
+
+absl::StatusOr<v1::TensorInfo> Client::UploadFrom(v1::DType dtype,
+                                                  const std::vector<int64_t>& shape,
+                                                  const UploadSource& source,
+                                                  const UploadOptions& upload,
+                                                  const CallOptions& call) const {
+  absl::StatusOr<int64_t> bytes = TensorBytes(dtype, shape);
+  if (!bytes.ok()) return bytes.status();
+  int streams = 0;
+  int64_t chunk_bytes = 0;
+  if (absl::Status status =
+          TransferSettings(options_, upload.streams, upload.chunk_bytes, streams, chunk_bytes);
+      !status.ok()) {
+    return status;
+  }
+  const std::vector<ByteRange> parts = SplitTransfer(*bytes, streams, options_.parallel_min_bytes);
+
+  v1::UploadHeader header;
+  header.set_dtype(dtype);
+  for (int64_t d : shape) header.add_shape(d);
+  if (upload.device) header.set_device(*upload.device);
+  if (parts.size() > 1) {
+    header.set_upload_id(NewUploadId());
+    header.set_parts(static_cast<int32_t>(parts.size()));
+  }
+  StreamGroup group(parts.size(), options_, call);
+  std::vector<v1::UploadResponse> responses(parts.size());
+  RunStreams(parts.size(), [&](size_t i) {
+    v1::UploadHeader part_header = header;
+    if (parts.size() > 1) {
+      part_header.set_part_begin(parts[i].begin);
+      part_header.set_part_end(parts[i].end);
+    }
+    absl::Status status = SendUpload(TransferStub(static_cast<int>(i)), group.context(i),
+                                     part_header, parts[i], chunk_bytes, source, responses[i]);
+    if (!status.ok()) group.Fail(std::move(status));
+  });
+  if (absl::Status status = group.error(); !status.ok()) return status;
+  for (const v1::UploadResponse& response : responses) {
+    if (response.tensor().handle() != responses[0].tensor().handle()) {
+      return absl::InternalError(absl::StrCat(
+          "upload: the server answered the parts of one upload with different tensors (\"",
+          responses[0].tensor().handle(), "\", \"", response.tensor().handle(), "\")"));
+    }
+  }
+  return responses[0].tensor();
+}
+
+absl::StatusOr<v1::TensorInfo> Client::DownloadWith(
+    const std::string& handle, const std::function<absl::Status(const v1::TensorInfo&)>& on_info,
+    const DownloadSink& sink, const DownloadOptions& download, const CallOptions& call) const {
+  int streams = 0;
+  int64_t chunk_bytes = 0;
+  if (absl::Status status =
+          TransferSettings(options_, download.streams, download.chunk_bytes, streams, chunk_bytes);
+      !status.ok()) {
+    return status;
+  }
+  // Contexts for every stream the transfer may use, so that the first failure
+  // can cancel all of them.
+  StreamGroup group(streams, options_, call);
+
+  // The first stream asks for everything; its first message tells the size.
+  v1::DownloadRequest request;
+  request.set_handle(handle);
+  request.set_chunk_bytes(chunk_bytes);
+  grpc::ClientContext& first_ctx = group.context(0);
+  std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> first =
+      TransferStub(0).Download(&first_ctx, request);
+  v1::DownloadResponse first_message;
+  if (!first->Read(&first_message)) {
+    grpc::Status status = first->Finish();
+    if (!status.ok()) return FromGrpc(status);
+    return absl::InternalError(
+        absl::StrCat("download: the stream of \"", handle, "\" ended without a message"));
+  }
+  absl::Status info_status;
+  if (!first_message.has_tensor()) {
+    info_status = absl::InternalError(
+        absl::StrCat("download: the first message for \"", handle, "\" has no TensorInfo"));
+  } else if (first_message.tensor().bytes() < 0) {
+    info_status = absl::InternalError(
+        absl::StrCat("download: \"", handle, "\" has ", first_message.tensor().bytes(), " bytes"));
+  } else {
+    info_status = on_info(first_message.tensor());
+  }
+  if (!info_status.ok()) {
+    first_ctx.TryCancel();
+    first->Finish();
+    return info_status;
+  }
+  const v1::TensorInfo info = first_message.tensor();
+  const std::vector<ByteRange> parts =
+      SplitTransfer(info.bytes(), streams, options_.parallel_min_bytes);
+
+  RunStreams(parts.size(), [&](size_t i) {
+    absl::Status status;
+    if (i == 0) {
+      status = ReceiveDownload(*first, first_ctx, first_message, ByteRange{0, info.bytes()},
+                               parts[0].end, sink);
+    } else {
+      v1::DownloadRequest part_request = request;
+      part_request.set_offset(parts[i].begin);
+      part_request.set_length(parts[i].size());
+      grpc::ClientContext& ctx = group.context(i);
+      std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader =
+          TransferStub(static_cast<int>(i)).Download(&ctx, part_request);
+      v1::DownloadResponse message;
+      if (!reader->Read(&message)) {
+        grpc::Status finished = reader->Finish();
+        status = finished.ok() ? absl::InternalError(
+                                     absl::StrCat("download: the stream of bytes [", parts[i].begin,
+                                                  ", ", parts[i].end, ") ended without a message"))
+                               : FromGrpc(finished);
+      } else if (message.tensor().handle() != info.handle() ||
+                 message.tensor().bytes() != info.bytes()) {
+        ctx.TryCancel();
+        reader->Finish();
+        status = absl::InternalError(
+            absl::StrCat("download: the stream of bytes [", parts[i].begin, ", ", parts[i].end,
+                         ") began with another TensorInfo (\"", message.tensor().handle(), "\", ",
+                         message.tensor().bytes(), " bytes) than the first (\"", info.handle(),
+                         "\", ", info.bytes(), " bytes)"));
+      } else {
+        status = ReceiveDownload(*reader, ctx, message, parts[i], parts[i].end, sink);
+      }
+    }
+    if (!status.ok()) group.Fail(std::move(status));
+  });
+  if (absl::Status status = group.error(); !status.ok()) return status;
+  return info;
+}
+
+absl::Status Client::Download(const std::string& handle, void* dst, int64_t dst_bytes,
+                              const DownloadOptions& download, const CallOptions& call) const {
+  char* out = static_cast<char*>(dst);
+  return DownloadWith(
+             handle,
+             [&](const v1::TensorInfo& info) {
+               if (info.bytes() == dst_bytes) return absl::OkStatus();
+               return absl::InvalidArgumentError(absl::StrCat(
+                   "dst_bytes: ", dst_bytes, ", but \"", handle, "\" (", DTypeName(info.dtype()),
+                   ShapeString(std::vector<int64_t>(info.shape().begin(), info.shape().end())),
+                   ") has ", info.bytes(), " bytes"));
+             },
+             [out](int64_t offset, const char* data, int64_t size) {
+               std::memcpy(out + offset, data, size);
+               return absl::OkStatus();
+             },
+             download, call)
+      .status();
+}
+
+absl::StatusOr<v1::Tensor> Client::DownloadTensor(const std::string& handle,
+                                                  const DownloadOptions& download,
+                                                  const CallOptions& call) const {
+  v1::Tensor tensor;
+  char* out = nullptr;
+  absl::StatusOr<v1::TensorInfo> info = DownloadWith(
+      handle,
+      [&](const v1::TensorInfo& info) {
+        tensor.set_dtype(info.dtype());
+        *tensor.mutable_shape() = info.shape();
+        tensor.mutable_data()->resize(info.bytes());
+        out = tensor.mutable_data()->data();
+        return absl::OkStatus();
+      },
+      [&out](int64_t offset, const char* data, int64_t size) {
+        std::memcpy(out + offset, data, size);
+        return absl::OkStatus();
+      },
+      download, call);
+  if (!info.ok()) return info.status();
+  return tensor;
+}
+
+absl::StatusOr<v1::TensorInfo> Client::DownloadTo(const std::string& handle,
+                                                  const DownloadSink& sink,
+                                                  const DownloadOptions& download,
+                                                  const CallOptions& call) const {
+  return DownloadWith(
+      handle, [](const v1::TensorInfo&) { return absl::OkStatus(); }, sink, download, call);
+}
+
+absl::StatusOr<v1::FreeResponse> Client::Free(const std::vector<std::string>& handles,
+                                              const CallOptions& call) const {
+  v1::FreeRequest request;
+  for (const std::string& handle : handles) request.add_handles(handle);
+  return Unary(options_, call, *stub_, &v1::Compute::Stub::Free, request);
+}
+
+absl::StatusOr<v1::ListTensorsResponse> Client::ListTensors(const CallOptions& call) const {
+  return Unary(options_, call, *stub_, &v1::Compute::Stub::ListTensors, v1::ListTensorsRequest());
 }
 
 absl::StatusOr<std::vector<BatchItem>> Client::Batch(const std::vector<v1::BatchRequest>& requests,
@@ -343,6 +779,24 @@ absl::Status CheckTensor(const v1::Tensor& tensor, const std::string& name) {
 
 int64_t PayloadBytes(const v1::Tensor& tensor) {
   return static_cast<int64_t>(tensor.data().size());
+}
+
+v1::Tensor HandleTensor(const std::string& handle) {
+  v1::Tensor tensor;
+  tensor.set_handle(handle);
+  return tensor;
+}
+
+absl::StatusOr<int64_t> TensorBytes(v1::DType dtype, const std::vector<int64_t>& shape) {
+  const int64_t size = ElementSize(dtype);
+  if (size == 0) return absl::InvalidArgumentError("dtype: unspecified");
+  absl::StatusOr<int64_t> n = ElementCount(shape);
+  if (!n.ok()) return n.status();
+  if (*n > INT64_MAX / size) {
+    return absl::InvalidArgumentError(absl::StrCat("shape: ", ShapeString(shape), " of ",
+                                                   DTypeName(dtype), " has more than 2^63 bytes"));
+  }
+  return *n * size;
 }
 
 }  // namespace gpucompute

@@ -1,7 +1,12 @@
 // `gpucompute bench <op>`: N requests at concurrency C, as unary calls from C
 // threads or over one Batch stream with up to C outstanding; then Echo of the
 // same request payload at the same concurrency, so that the service's cost
-// over bare gRPC shows as a ratio.
+// over bare gRPC shows as a ratio. With --resident the operands are uploaded
+// once and every request names them by handle and keeps its result, which is
+// freed after the call, outside the timed region.
+//
+// `gpucompute bench upload|download`: N transfers of --bytes, one at a time,
+// each over --streams streams: the throughput of the data path.
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -22,12 +28,16 @@
 #include "client/cli/cli.h"
 
 ABSL_FLAG(int64_t, requests, 200, "bench: timed requests N.");
-ABSL_FLAG(int, concurrency, 4, "bench: requests in flight at once C.");
+ABSL_FLAG(int, concurrency, 4,
+          "bench: requests in flight at once C (bench upload|download: one transfer at a time, "
+          "each over --streams streams).");
 ABSL_FLAG(std::string, mode, "unary",
           "bench: unary (C threads of unary calls) or batch (one Batch stream with up to C "
           "requests outstanding; its deadline is --timeout per C requests).");
 ABSL_FLAG(int64_t, warmup, 5, "bench: untimed requests before each measurement.");
 ABSL_FLAG(bool, echo_baseline, true, "bench: also measure Echo of the same request payload.");
+ABSL_FLAG(int64_t, bytes, int64_t{256} << 20,
+          "bench upload|download: bytes of each transfer (a multiple of the --dtype size).");
 
 namespace gpucompute::cli {
 namespace {
@@ -84,8 +94,12 @@ struct Stats {
   double payload_bytes = 0;  // request + response bytes of one request
 };
 
-// Outcome of one call: payload bytes of the response, or an error.
-using CallFn = std::function<absl::StatusOr<int64_t>()>;
+// Work after a call that its latency does not include (freeing the results
+// a --resident call kept); its error counts as the call's.
+using UntimedFn = std::function<absl::Status()>;
+
+// One call: payload bytes of the response, or an error. It may set `untimed`.
+using CallFn = std::function<absl::StatusOr<int64_t>(UntimedFn& untimed)>;
 
 // `n` calls of `call` from `concurrency` threads.
 Stats RunUnary(const std::string& label, int64_t n, int concurrency, const CallFn& call) {
@@ -99,10 +113,14 @@ Stats RunUnary(const std::string& label, int64_t n, int concurrency, const CallF
     threads.emplace_back([&] {
       std::vector<double> mine;
       while (next.fetch_add(1) < n) {
+        UntimedFn untimed;
         auto t0 = Clock::now();
-        absl::StatusOr<int64_t> result = call();
+        absl::StatusOr<int64_t> result = call(untimed);
         double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
         progress.Add();
+        if (untimed) {
+          if (absl::Status status = untimed(); !status.ok() && result.ok()) result = status;
+        }
         if (result.ok()) {
           mine.push_back(seconds);
           continue;
@@ -123,7 +141,9 @@ Stats RunUnary(const std::string& label, int64_t n, int concurrency, const CallF
 }
 
 // `n` requests over one Batch stream with up to `concurrency` outstanding.
-Stats RunBatch(const Client& client, v1::BatchRequest request, int64_t n, int concurrency) {
+// The handles of the results the requests kept go to `kept`.
+Stats RunBatch(const Client& client, v1::BatchRequest request, int64_t n, int concurrency,
+               std::vector<std::string>& kept) {
   Stats stats;
   Progress progress("batch", n);
   CallOptions call = MakeCallOptions();
@@ -145,6 +165,7 @@ Stats RunBatch(const Client& client, v1::BatchRequest request, int64_t n, int co
     return stats;
   }
   for (const BatchItem& item : *items) {
+    for (const std::string& h : KeptHandles(item.response)) kept.push_back(h);
     if (item.response.code() == 0) {
       stats.latencies.push_back(item.latency_seconds);
     } else if (stats.errors++ == 0) {
@@ -181,6 +202,91 @@ Row Summarize(const std::string& name, Stats& stats) {
   return row;
 }
 
+void PrintTableHeader() {
+  std::cout << absl::StrFormat("%-10s %12s %10s %10s %10s %14s %8s\n", "", "requests/s", "p50 ms",
+                               "p90 ms", "p99 ms", "payload GB/s", "errors");
+}
+
+// bench upload|download: `n` transfers of --bytes, one at a time.
+int RunTransferBench(const std::string& op, int64_t n) {
+  const int64_t bytes = absl::GetFlag(FLAGS_bytes);
+  auto dtype = InputDType();
+  if (!dtype.ok()) {
+    PrintError("bench", dtype.status());
+    return kExitUsage;
+  }
+  if (bytes < 0 || bytes % ElementSize(*dtype) != 0) {
+    PrintError("bench", absl::InvalidArgumentError(absl::StrCat("--bytes: ", bytes,
+                                                                " is not a whole number of ",
+                                                                DTypeName(*dtype), " elements")));
+    return kExitUsage;
+  }
+  auto client = MakeClient();
+  if (!client.ok()) {
+    PrintError("client", client.status());
+    return kExitUsage;
+  }
+  const Client& c = **client;
+  const CallOptions call = MakeCallOptions();
+  const std::vector<int64_t> shape = {bytes / ElementSize(*dtype)};
+  // Arbitrary bits: the transfer does not look at them.
+  std::string data(bytes, '\0');
+  uint64_t seed = 0;
+  std::mt19937_64 rng = MakeRng(seed);
+  for (int64_t i = 0; i + 8 <= bytes; i += 8) {
+    const uint64_t word = rng();
+    std::memcpy(data.data() + i, &word, 8);
+  }
+  const int64_t warmup = std::max<int64_t>(0, absl::GetFlag(FLAGS_warmup));
+  const size_t streams =
+      SplitTransfer(bytes, c.options().streams, c.options().parallel_min_bytes).size();
+
+  HandleScope handles(c);
+  CallFn transfer;
+  if (op == "upload") {
+    transfer = [&](UntimedFn& untimed) -> absl::StatusOr<int64_t> {
+      auto info = c.Upload(*dtype, shape, data.data(), {}, call);
+      if (!info.ok()) return info.status();
+      untimed = [&c, handle = info->handle(), &call] { return c.Free({handle}, call).status(); };
+      return 0;
+    };
+  } else {
+    auto info = c.Upload(*dtype, shape, data.data(), {}, call);
+    if (!info.ok()) {
+      PrintError("upload", info.status());
+      return kExitCallFailed;
+    }
+    handles.Add(info->handle());
+    transfer = [&, handle = info->handle()](UntimedFn&) -> absl::StatusOr<int64_t> {
+      absl::Status status = c.Download(handle, data.data(), bytes, {}, call);
+      if (!status.ok()) return status;
+      return bytes;
+    };
+  }
+  std::cout << "bench " << op << ": " << n << " transfers of " << bytes << " bytes, one at a time, "
+            << streams << " stream(s) each, " << c.options().chunk_bytes << "-byte chunks\n";
+  PrintTableHeader();
+  for (int64_t i = 0; i < warmup; ++i) {
+    UntimedFn untimed;
+    absl::StatusOr<int64_t> result = transfer(untimed);
+    if (result.ok() && untimed) result = untimed();
+    if (!result.ok()) {
+      PrintError(op, result.status());
+      return kExitCallFailed;
+    }
+  }
+  Stats stats = RunUnary(op, n, 1, transfer);
+  stats.payload_bytes = double(bytes);
+  Row row = Summarize(op, stats);
+  std::cout << absl::StrFormat("%s: %.3f GB/s per transfer at p50 (%.3f ms for %d bytes)\n", op,
+                               double(bytes) / row.p50 / 1e9, row.p50 * 1e3, bytes);
+  if (absl::Status s = handles.FreeAll(); !s.ok()) {
+    PrintError("free", s);
+    return kExitCallFailed;
+  }
+  return stats.errors > 0 ? kExitCallFailed : kExitOk;
+}
+
 }  // namespace
 
 int RunBench(const std::string& op) {
@@ -190,6 +296,14 @@ int RunBench(const std::string& op) {
   if (n <= 0 || concurrency <= 0) {
     PrintError("bench", absl::InvalidArgumentError("--requests and --concurrency must be > 0"));
     return kExitUsage;
+  }
+  if (op == "upload" || op == "download") {
+    if (mode != "unary" || ResidentMode()) {
+      PrintError("bench", absl::InvalidArgumentError(
+                              "bench upload|download takes neither --mode=batch nor --resident"));
+      return kExitUsage;
+    }
+    return RunTransferBench(op, n);
   }
   if (mode != "unary" && mode != "batch") {
     PrintError("bench", absl::InvalidArgumentError("--mode: unary or batch"));
@@ -205,7 +319,11 @@ int RunBench(const std::string& op) {
   const CallOptions call = MakeCallOptions();
 
   // The operation's request; Echo carries the same number of request bytes
-  // (or, for "bench echo", the tensor of --shape/--input).
+  // (or, for "bench echo", the tensor of --shape/--input). With --resident
+  // the request carries handles only, and so does Echo: an empty tensor.
+  const bool resident = ResidentMode();
+  HandleScope handles(**client);
+  TransferCost upload;
   v1::BatchRequest request;
   v1::EchoRequest echo;
   if (op != "echo") {
@@ -215,11 +333,23 @@ int RunBench(const std::string& op) {
       return kExitUsage;
     }
     request = *std::move(built);
+    if (resident) {
+      auto cost = MakeResident(**client, request, handles);
+      if (!cost.ok()) {
+        PrintError("upload", cost.status());
+        return kExitCallFailed;
+      }
+      upload = *cost;
+    }
     *echo.mutable_input() =
         RandomTensor(v1::FLOAT32, {(RequestPayloadBytes(request) + 3) / 4}, rng);
   } else {
     if (mode == "batch") {
       PrintError("bench", absl::InvalidArgumentError("echo has no batch form; use --mode=unary"));
+      return kExitUsage;
+    }
+    if (resident) {
+      PrintError("bench", absl::InvalidArgumentError("echo has no operands to keep resident"));
       return kExitUsage;
     }
     auto input = BuildEchoInput(rng);
@@ -233,16 +363,24 @@ int RunBench(const std::string& op) {
       op != "echo" ? RequestPayloadBytes(request) : PayloadBytes(echo.input());
   const int64_t warmup = std::max<int64_t>(0, absl::GetFlag(FLAGS_warmup));
 
-  CallFn echo_call = [&]() -> absl::StatusOr<int64_t> {
+  CallFn echo_call = [&](UntimedFn&) -> absl::StatusOr<int64_t> {
     auto r = (*client)->Echo(echo, call);
     if (!r.ok()) return r.status();
     return PayloadBytes(r->output());
   };
+  // Frees the results a call kept (--resident).
+  auto free_kept = [&](std::vector<std::string> kept) -> absl::Status {
+    if (kept.empty()) return absl::OkStatus();
+    return (*client)->Free(kept, call).status();
+  };
 
   std::cout << "bench " << op << " (seed " << seed << "): " << n << " requests, concurrency "
             << concurrency << ", " << mode << ", " << request_bytes << " request bytes\n";
-  std::cout << absl::StrFormat("%-10s %12s %10s %10s %10s %14s %8s\n", "", "requests/s", "p50 ms",
-                               "p90 ms", "p99 ms", "payload GB/s", "errors");
+  if (resident) {
+    std::cout << "resident: operands uploaded once, " << FormatCost(upload)
+              << "; each result kept and freed after its call, untimed\n";
+  }
+  PrintTableHeader();
   int exit_code = kExitOk;
   Row op_row;
   bool have_op = false;
@@ -254,18 +392,37 @@ int RunBench(const std::string& op) {
         PrintError(op, absl::Status(static_cast<absl::StatusCode>(r.code()), r.message()));
         return kExitCallFailed;
       }
+      if (absl::Status s = free_kept(KeptHandles(r)); !s.ok()) {
+        PrintError("free", s);
+        return kExitCallFailed;
+      }
       response_bytes = ResponsePayloadBytes(r);
     }
     Stats stats;
     if (mode == "unary") {
-      stats = RunUnary(op, n, concurrency, [&]() -> absl::StatusOr<int64_t> {
+      stats = RunUnary(op, n, concurrency, [&](UntimedFn& untimed) -> absl::StatusOr<int64_t> {
         v1::BatchResponse r = CallUnary(**client, request, call);
         if (r.code() != 0)
           return absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
+        if (std::vector<std::string> kept = KeptHandles(r); !kept.empty()) {
+          untimed = [&free_kept, kept] { return free_kept(kept); };
+        }
         return ResponsePayloadBytes(r);
       });
     } else {
-      stats = RunBatch(**client, request, n, concurrency);
+      // The results are freed once the stream is done.
+      std::vector<std::string> kept;
+      stats = RunBatch(**client, request, n, concurrency, kept);
+      constexpr size_t kPerFree = 1000;
+      for (size_t i = 0; i < kept.size(); i += kPerFree) {
+        std::vector<std::string> some(kept.begin() + i,
+                                      kept.begin() + std::min(kept.size(), i + kPerFree));
+        if (absl::Status s = free_kept(some); !s.ok()) {
+          PrintError("free", s);
+          exit_code = kExitCallFailed;
+          break;
+        }
+      }
     }
     stats.payload_bytes = double(request_bytes + response_bytes);
     op_row = Summarize(op, stats);
@@ -274,7 +431,8 @@ int RunBench(const std::string& op) {
   }
   if (absl::GetFlag(FLAGS_echo_baseline) || op == "echo") {
     for (int64_t i = 0; i < warmup; ++i) {
-      if (auto r = echo_call(); !r.ok()) {
+      UntimedFn none;
+      if (auto r = echo_call(none); !r.ok()) {
         PrintError("echo", r.status());
         return kExitCallFailed;
       }
@@ -288,6 +446,10 @@ int RunBench(const std::string& op) {
                                    op, op_row.p50 / echo_row.p50, op_row.p99 / echo_row.p99,
                                    op_row.rps / echo_row.rps);
     }
+  }
+  if (absl::Status s = handles.FreeAll(); !s.ok()) {
+    PrintError("free", s);
+    exit_code = kExitCallFailed;
   }
   return exit_code;
 }

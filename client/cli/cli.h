@@ -23,7 +23,8 @@ inline constexpr int kExitCallFailed = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitMismatch = 3;
 
-// A client built from the global flags (--server, --timeout, --tls...).
+// A client built from the global flags (--server, --timeout, --tls...,
+// --session, --streams).
 absl::StatusOr<std::unique_ptr<Client>> MakeClient();
 
 // Per-call options from --timeout.
@@ -62,6 +63,9 @@ absl::StatusOr<v1::BatchRequest> BuildRequest(const std::string& op, std::mt1993
 // The Echo input from --shape (default 1048576) or --input, in --dtype.
 absl::StatusOr<v1::Tensor> BuildEchoInput(std::mt19937_64& rng);
 
+// Options of the request's case; null when no operation is set.
+v1::OpOptions* MutableOptions(v1::BatchRequest& request);
+
 // Bytes and FLOPs of a request (client/verify.h WorkOf).
 Work WorkOfRequest(const v1::BatchRequest& request);
 
@@ -77,13 +81,72 @@ v1::BatchResponse CallUnary(const Client& client, const v1::BatchRequest& reques
 // Prints `status` to stderr as "gpucompute: <what>: CODE: message".
 void PrintError(const std::string& what, const absl::Status& status);
 
+// Resident tensors (resident.cc).
+
+// --resident: the operation subcommands and bench upload the operands first
+// and run the operation on their handles, keeping the results on the server.
+bool ResidentMode();
+
+// The resident tensors a command made, freed when it is done with them.
+class HandleScope {
+ public:
+  // REQUIRES: `client` outlives the scope.
+  explicit HandleScope(const Client& client) : client_(client) {}
+  // Frees whatever is still held, printing an error if that fails.
+  ~HandleScope();
+  HandleScope(const HandleScope&) = delete;
+  HandleScope& operator=(const HandleScope&) = delete;
+
+  void Add(const std::string& handle) { handles_.push_back(handle); }
+  void Add(const std::vector<std::string>& handles);
+  // Frees `handles` (which must have been added) and forgets them; the
+  // error of Free otherwise.
+  absl::Status Free(const std::vector<std::string>& handles);
+  // Frees every handle held.
+  absl::Status FreeAll();
+
+ private:
+  const Client& client_;
+  std::vector<std::string> handles_;
+};
+
+// Bytes moved and the wall time it took.
+struct TransferCost {
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+// "12.345 ms (1048576 bytes, 3.210 GB/s)".
+std::string FormatCost(const TransferCost& cost);
+
+// Uploads every inline operand of `request`, names it by its handle instead
+// (the handles go into `scope`) and sets options.keep_output. Returns what
+// the uploads cost; on an error the handles made so far are in `scope`.
+absl::StatusOr<TransferCost> MakeResident(const Client& client, v1::BatchRequest& request,
+                                          HandleScope& scope);
+
+// The handles of the results a response kept on the server.
+std::vector<std::string> KeptHandles(const v1::BatchResponse& response);
+
+// Replaces every kept result of `response` by the downloaded tensor (dtype,
+// shape, data). Returns what the downloads cost.
+absl::StatusOr<TransferCost> DownloadKept(const Client& client, v1::BatchResponse& response);
+
+// One line: handle first, then dtype, shape, bytes, device, replicas, idle
+// time and expiry.
+std::string FormatTensorInfo(const v1::TensorInfo& info);
+
 // The subcommands; each returns the process exit code.
 int RunOp(const std::string& op);  // gemm, gemv, reduce, transpose, attention
 int RunEcho();
 int RunInfo();
 // Prints the server's overall health; exit 0 only when SERVING (for probes).
 int RunHealth();
-int RunBench(const std::string& op);  // bench <op>
+int RunBench(const std::string& op);  // bench <op>, bench upload|download
+int RunUpload();
+int RunDownload();
+int RunFree();
+int RunList();
 
 }  // namespace gpucompute::cli
 

@@ -23,6 +23,12 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "Name to check the server certificate against instead of the host.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "Largest message sent or received (the server's default is the same).");
+ABSL_FLAG(std::string, session, "",
+          "Owner of the resident tensors this command makes and sees (the "
+          "gpucompute-session metadata); empty: the anonymous owner.");
+ABSL_FLAG(int, streams, gpucompute::ClientOptions().streams,
+          "Parallel streams, each on a connection of its own, of an upload or download of "
+          "64 MiB or more.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the random inputs; 0 picks a fresh one.");
 ABSL_FLAG(std::string, dtype, "float32", "Input dtype: float32, float16 or bfloat16.");
 ABSL_FLAG(std::string, out_dtype, "", "Result dtype (default: the input dtype).");
@@ -43,6 +49,8 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   options.client_cert_path = absl::GetFlag(FLAGS_tls_cert);
   options.client_key_path = absl::GetFlag(FLAGS_tls_key);
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  options.session = absl::GetFlag(FLAGS_session);
+  options.streams = absl::GetFlag(FLAGS_streams);
   return Client::Create(std::move(options));
 }
 
@@ -150,6 +158,23 @@ absl::Status SaveNpyTensor(const std::string& path, const v1::Tensor& tensor) {
   array.shape = ShapeOf(tensor);
   array.data = tensor.data();
   return WriteNpy(path, array);
+}
+
+v1::OpOptions* MutableOptions(v1::BatchRequest& request) {
+  switch (request.op_case()) {
+    case v1::BatchRequest::kGemm:
+      return request.mutable_gemm()->mutable_options();
+    case v1::BatchRequest::kGemv:
+      return request.mutable_gemv()->mutable_options();
+    case v1::BatchRequest::kReduce:
+      return request.mutable_reduce()->mutable_options();
+    case v1::BatchRequest::kTranspose:
+      return request.mutable_transpose()->mutable_options();
+    case v1::BatchRequest::kAttention:
+      return request.mutable_attention()->mutable_options();
+    default:
+      return nullptr;
+  }
 }
 
 Work WorkOfRequest(const v1::BatchRequest& request) {

@@ -32,9 +32,20 @@ commands:
   health      SERVING (exit 0) or not (exit 1): for container health checks
   bench <op>  N requests of <op> (or echo) at concurrency C, then Echo of the same payload
                                                     --requests --concurrency --mode=unary|batch
+  bench upload|download  N transfers of --bytes, one at a time: GB/s and latency
+                                                    --bytes --requests --streams
+
+resident tensors (kept on the server, owned by --session):
+  upload      a tensor from --in=x.npy, or random of --shape and --dtype; prints its handle first
+  download    --handle=H [--out=y.npy]
+  free        --handle=H[,H2...]
+  list        this session's tensors, bytes held and quota
+  --resident on an operation or bench: upload the operands, run on their handles keeping the
+  result (downloaded for --check and --out), free every handle made; prints each cost.
 
 common flags:
   --server=localhost:50051 --timeout=60s --tls --tls_ca --tls_cert --tls_key --tls_server_name
+  --session (owner of resident tensors) --streams=4 (parallel streams of transfers >= 64 MiB)
   --dtype=float32|float16|bfloat16 --out_dtype --variant --devices=0,1 --allow_tf32 --seed
   --check (compare with the float64 reference; exit 3 on a mismatch) --repeat=N
   --out=result.npy (--lse_out=lse.npy), inputs from .npy: --a --b --c --x --y --input
@@ -78,6 +89,10 @@ int main(int argc, char** argv) {
   if (command == "info") return gpucompute::cli::RunInfo();
   if (command == "health") return gpucompute::cli::RunHealth();
   if (command == "bench") return gpucompute::cli::RunBench(args[2]);
+  if (command == "upload") return gpucompute::cli::RunUpload();
+  if (command == "download") return gpucompute::cli::RunDownload();
+  if (command == "free") return gpucompute::cli::RunFree();
+  if (command == "list") return gpucompute::cli::RunList();
   std::cerr << "gpucompute: unknown command \"" << command << "\" (gpucompute help)\n";
   return gpucompute::cli::kExitUsage;
 }

@@ -1,6 +1,7 @@
 // The operation subcommands (gemm, gemv, reduce, transpose, attention), echo
 // and info: build a request from flags (random inputs or .npy files), call
-// the server, print latency, throughput and shard timings, optionally check
+// the server (with --resident: on uploaded operands, keeping the result
+// there), print latency, throughput and shard timings, optionally check
 // against the float64 reference and write the result.
 #include <algorithm>
 #include <chrono>
@@ -30,7 +31,7 @@ ABSL_FLAG(bool, transpose_a, false, "gemm, gemv: op(A) = A^T.");
 ABSL_FLAG(bool, transpose_b, false, "gemm: op(B) = B^T.");
 ABSL_FLAG(double, alpha, 1.0, "gemm, gemv: scale of the product.");
 ABSL_FLAG(double, beta, 0.0, "gemm, gemv: scale of C / y (a random C / y is sent when != 0).");
-ABSL_FLAG(std::string, shape, "", "reduce, transpose, echo: input shape, e.g. 1000,33.");
+ABSL_FLAG(std::string, shape, "", "reduce, transpose, echo, upload: input shape, e.g. 1000,33.");
 ABSL_FLAG(std::string, op, "sum", "reduce: sum, max, min or mean.");
 ABSL_FLAG(std::string, axis, "", "reduce: the axis (negative counts from the end); empty: all.");
 ABSL_FLAG(bool, keepdims, false, "reduce: keep the reduced axis with size 1.");
@@ -54,7 +55,8 @@ ABSL_FLAG(std::string, key, "", "attention: K from this .npy file.");
 ABSL_FLAG(std::string, value, "", "attention: V from this .npy file.");
 ABSL_FLAG(bool, check, false,
           "Check the result against the float64 reference; exit 3 on a mismatch.");
-ABSL_FLAG(std::string, out, "", "Write the result to this .npy file.");
+ABSL_FLAG(std::string, out, "",
+          "Write the result (download: the resident tensor) to this .npy file.");
 ABSL_FLAG(std::string, lse_out, "", "attention: write the log-sum-exp to this .npy file.");
 ABSL_FLAG(int, repeat, 1, "Send the request this many times; latency is reported over all.");
 
@@ -216,24 +218,6 @@ absl::StatusOr<v1::BatchRequest> BuildAttention(v1::DType dtype, std::mt19937_64
   return request;
 }
 
-// Options of the request's case.
-v1::OpOptions* MutableOptions(v1::BatchRequest& request) {
-  switch (request.op_case()) {
-    case v1::BatchRequest::kGemm:
-      return request.mutable_gemm()->mutable_options();
-    case v1::BatchRequest::kGemv:
-      return request.mutable_gemv()->mutable_options();
-    case v1::BatchRequest::kReduce:
-      return request.mutable_reduce()->mutable_options();
-    case v1::BatchRequest::kTranspose:
-      return request.mutable_transpose()->mutable_options();
-    case v1::BatchRequest::kAttention:
-      return request.mutable_attention()->mutable_options();
-    default:
-      return nullptr;
-  }
-}
-
 std::string Describe(const v1::Tensor& t) { return absl::StrCat(ShapeString(ShapeOf(t))); }
 
 // One line naming the operation and its operands.
@@ -321,6 +305,14 @@ const v1::Tensor* ResultOf(const v1::BatchResponse& r) {
 void PrintTimings(const v1::Timings& t) {
   std::cout << absl::StrFormat("server %.3f ms  queue %.3f ms\n", t.server_seconds() * 1e3,
                                t.queue_seconds() * 1e3);
+  if (t.decode_seconds() + t.host_to_device_seconds() + t.kernel_seconds() +
+          t.device_to_host_seconds() + t.encode_seconds() >
+      0) {
+    std::cout << absl::StrFormat(
+        "stages decode %.3f ms  h2d %.3f ms  kernel %.3f ms  d2h %.3f ms  encode %.3f ms\n",
+        t.decode_seconds() * 1e3, t.host_to_device_seconds() * 1e3, t.kernel_seconds() * 1e3,
+        t.device_to_host_seconds() * 1e3, t.encode_seconds() * 1e3);
+  }
   if (t.shards().empty()) return;
   int variant_width = 7;
   for (const v1::ShardTiming& s : t.shards()) {
@@ -380,12 +372,27 @@ int RunOp(const std::string& op) {
   }
   std::cout << Summary(*request, seed) << "\n";
 
+  // With --resident the operands go first and the call names them by handle;
+  // `request` keeps the inline operands for --check.
+  const bool resident = ResidentMode();
+  HandleScope handles(**client);
+  v1::BatchRequest sent = *request;
+  TransferCost upload;
+  if (resident) {
+    auto cost = MakeResident(**client, sent, handles);
+    if (!cost.ok()) {
+      PrintError("upload", cost.status());
+      return kExitCallFailed;
+    }
+    upload = *cost;
+  }
+
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
   std::vector<double> latencies;
   v1::BatchResponse response;
   for (int i = 0; i < repeat; ++i) {
     auto start = std::chrono::steady_clock::now();
-    response = CallUnary(**client, *request, MakeCallOptions());
+    response = CallUnary(**client, sent, MakeCallOptions());
     latencies.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (response.code() != 0) {
@@ -393,6 +400,29 @@ int RunOp(const std::string& op) {
                  absl::Status(static_cast<absl::StatusCode>(response.code()), response.message()));
       return kExitCallFailed;
     }
+    const std::vector<std::string> kept = KeptHandles(response);
+    handles.Add(kept);
+    if (i + 1 < repeat) {  // only the last result is used
+      if (absl::Status s = handles.Free(kept); !s.ok()) {
+        PrintError("free", s);
+        return kExitCallFailed;
+      }
+    }
+  }
+  const bool want_result = absl::GetFlag(FLAGS_check) || !absl::GetFlag(FLAGS_out).empty() ||
+                           !absl::GetFlag(FLAGS_lse_out).empty();
+  if (resident) {
+    std::string line = absl::StrCat("resident: upload ", FormatCost(upload),
+                                    absl::StrFormat("  call %.3f ms", latencies.back() * 1e3));
+    if (want_result) {
+      auto download = DownloadKept(**client, response);
+      if (!download.ok()) {
+        PrintError("download", download.status());
+        return kExitCallFailed;
+      }
+      absl::StrAppend(&line, "  download ", FormatCost(*download));
+    }
+    std::cout << line << "\n";
   }
   std::sort(latencies.begin(), latencies.end());
   double median = latencies[latencies.size() / 2];
@@ -442,6 +472,10 @@ int RunOp(const std::string& op) {
       return kExitUsage;
     }
     std::cout << "wrote " << absl::GetFlag(FLAGS_lse_out) << "\n";
+  }
+  if (absl::Status s = handles.FreeAll(); !s.ok()) {
+    PrintError("free", s);
+    return kExitCallFailed;
   }
   return exit_code;
 }
