@@ -269,7 +269,9 @@ int RunTransferBench(const std::string& op, int64_t n) {
   for (int64_t i = 0; i < warmup; ++i) {
     UntimedFn untimed;
     absl::StatusOr<int64_t> result = transfer(untimed);
-    if (result.ok() && untimed) result = untimed();
+    if (result.ok() && untimed) {
+      if (absl::Status status = untimed(); !status.ok()) result = status;
+    }
     if (!result.ok()) {
       PrintError(op, result.status());
       return kExitCallFailed;

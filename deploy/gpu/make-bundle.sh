@@ -10,7 +10,8 @@ cmake --preset h200 >/dev/null
 cmake --build --preset h200 -j "$(nproc)" --target gpucompute-server gpucompute integration_test
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
-   build/h200/tests/integration/integration_test deploy/gpu/verify-server.sh deploy/gpu/check-multi-gpu.sh "$out/bin/"
+   build/h200/tests/integration/integration_test deploy/gpu/verify-server.sh deploy/gpu/check-multi-gpu.sh \
+   deploy/gpu/bench-data-path.sh "$out/bin/"
 skip='/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas[A-Za-z]*|libnvidia[^/]*|libssl|libcrypto)\.so'
 for bin in "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test; do
   ldd "$bin" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -Ev "$skip" || true

@@ -28,9 +28,15 @@ note "GPUs: $ngpu ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 # build machine instead), so those are left out here.
 GPUCOMPUTE_TEST_SERVER="$server" GPUCOMPUTE_TEST_CLI="$cli" \
   GPUCOMPUTE_TEST_SERVER_ARGS="--backend=cuda --devices=0" \
-  timeout 180 "$bundle/bin/integration_test" --gtest_filter='-*Shard*:*Promtool*' \
+  timeout 400 "$bundle/bin/integration_test" --gtest_filter='-*Shard*:*Promtool*' \
   >"$OUT/integration-cuda-1gpu.log" 2>&1
 note "integration suite, CUDA backend, 1 GPU: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/integration-cuda-1gpu.log" | tr '\n' ' ')"
+
+# The 8 GiB round trip (upload -> transpose kept resident -> download) on GPU 0.
+GPUCOMPUTE_TEST_SERVER="$server" GPUCOMPUTE_TEST_LARGE_SERVER_ARGS="--backend=cuda --devices=0" \
+  timeout 300 "$bundle/bin/integration_test" --gtest_filter='ResidentLargeTest.*' \
+  >"$OUT/resident-8gib.log" 2>&1
+note "8 GiB resident round trip, 1 GPU: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)|seconds|GB/s' "$OUT/resident-8gib.log" | tr '\n' ' ' | cut -c1-300)"
 
 start_server() {  # name, args...
   local name=$1
@@ -117,6 +123,20 @@ PY
     grep -q "bitwise_equal=True" <(tail -1 "$OUT/compare.txt") && same=$((same + 1))
   done
   note "every op sharded over $ngpu GPUs against the float64 reference: $((checked - failed))/$checked passed; bitwise equal to 1 GPU: $same/$checked (compare.txt)"
+
+  # Resident operands and results over every GPU: operands land on different
+  # GPUs, large operations split, and each shard reads copies made peer to peer.
+  failed=0
+  total=0
+  for c in "${cases[@]}" "gemm_big gemm --m=8192 --n=8192 --k=4096 --dtype=bfloat16" \
+           "attention_big attention --batch=4 --heads_q=32 --heads_kv=8 --seq_q=2048 --seq_kv=2048 --head_dim=128 --causal --dtype=bfloat16 --lse"; do
+    set -- $c
+    label=$1
+    shift
+    run "$label-resident" "$pa" "$@" --seed=11 --resident --check || failed=$((failed + 1))
+    total=$((total + 1))
+  done
+  note "every op on resident operands over $ngpu GPUs against the float64 reference: $((total - failed))/$total passed; shards: $(grep -hE 'peer|rows|heads' "$work"/gemm_big-resident.txt | tr -s ' ' | head -3 | tr '\n' ';')"
 
   run w13 "$pw" gemm --m=4000 --n=1024 --k=1024 --dtype=bfloat16 --check
   note "--device_weights=1,3, gemm M=4000 rc=$? shards: $(grep -E 'rows' "$work/w13.txt" | tr -s ' ' | tr '\n' ';')"

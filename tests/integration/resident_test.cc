@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -922,9 +923,13 @@ int64_t MemAvailableBytes() {
   return 0;
 }
 
+// The server's devices: GPUCOMPUTE_TEST_LARGE_SERVER_ARGS (e.g. "--backend=cuda
+// --devices=0" on a GPU machine), else one CPU device.
 TEST(ResidentLargeTest, EightGiBRoundTripThroughTranspose) {
-  if (DevicesOverridden()) {
-    GTEST_SKIP() << "runs on the default CPU devices only (GPUCOMPUTE_TEST_SERVER_ARGS is set)";
+  const char* large_args = std::getenv("GPUCOMPUTE_TEST_LARGE_SERVER_ARGS");
+  if (DevicesOverridden() && large_args == nullptr) {
+    GTEST_SKIP() << "runs on one CPU device, or on GPUCOMPUTE_TEST_LARGE_SERVER_ARGS "
+                    "(GPUCOMPUTE_TEST_SERVER_ARGS is set)";
   }
   const int64_t available = MemAvailableBytes();
   if (available < 20 * kGiB) {
@@ -936,10 +941,17 @@ TEST(ResidentLargeTest, EightGiBRoundTripThroughTranspose) {
   constexpr int64_t kRows = 32771, kCols = 65537;
   constexpr int64_t kBytes = kRows * kCols * 4;
   // One device: with two, a shard on the second may copy the input there.
-  auto server = ServerProcess::Start(
-      {"--cpu_devices=1", "--max_inflight_bytes=0",
-       "--resident_max_bytes_per_device=" + std::to_string(20 * kGiB), "--resident_quota_bytes=0"},
-      absl::Seconds(60));
+  std::vector<std::string> args = {"--max_inflight_bytes=0",
+                                   "--resident_max_bytes_per_device=" + std::to_string(20 * kGiB),
+                                   "--resident_quota_bytes=0"};
+  if (large_args == nullptr) {
+    args.push_back("--cpu_devices=1");
+  } else {
+    for (absl::string_view arg : absl::StrSplit(large_args, ' ', absl::SkipEmpty())) {
+      args.emplace_back(arg);
+    }
+  }
+  auto server = ServerProcess::Start(args, absl::Seconds(60));
   ASSERT_TRUE(server.ok()) << server.status();
   ClientOptions options;
   options.target = (*server)->address();

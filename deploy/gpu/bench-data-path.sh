@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Measures the data path on a GPU machine, from the bundle that
+# deploy/gpu/make-bundle.sh makes (this script travels in its bin/): what a
+# client on the same host gets, over loopback, through the server's whole
+# path. Each figure below is a target of the data-path work.
+#   1. GEMM 8192^3 bf16 on resident operands with a resident result: p50
+#      against the kernel time the server measured for it (metrics);
+#   2. GEMM 64^3 on resident operands at concurrency 1: p50;
+#   3. inline (non-resident) GEMM 8192^3 bf16: p50;
+#   4. upload and download of 1 GiB on 1 stream and on 8;
+#   5. host-to-device staging inside the server (copy bytes over copy time,
+#      from the metrics);
+#   6. batch jobs over the Batch stream on resident operands, 1 GPU against
+#      all: 1000 GEMMs 2048^3 bf16, and causal attention 4x32/8x2048^2x128;
+#   7. server RSS over 1000 consecutive uploads and downloads of 256 MiB.
+# Logs and data-path.json go to $OUT; a table is printed last.
+set -u
+bundle=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/gpucompute-data-path}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+server="$bundle/bin/gpucompute-server"
+cli="$bundle/bin/gpucompute"
+work=$(mktemp -d)
+results="$OUT/data-path.tsv"
+: >"$results"
+ngpu=$(nvidia-smi -L | wc -l)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "$gpu x$ngpu, $(date -u +%FT%TZ)" >"$OUT/host.txt"
+nproc >>"$OUT/host.txt"
+
+start_server() {  # name, args...
+  local name=$1
+  shift
+  "$server" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --ready_file="$work/$name.json" \
+    --max_message_bytes=2000000000 --max_inflight_bytes=0 "$@" >"$OUT/server-$name.log" 2>&1 &
+  echo $! >"$work/$name.pid"
+  for _ in $(seq 1 600); do [ -s "$work/$name.json" ] && return; sleep 0.1; done
+}
+port() { sed -E 's/.*"grpc_port": *([0-9]+).*/\1/' "$work/$1.json"; }
+mport() { sed -E 's/.*"metrics_port": *([0-9]+).*/\1/' "$work/$1.json"; }
+scrape() {  # name -> metrics text on stdout
+  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$(mport "$1")/metrics').read().decode())"
+}
+cli_on() {  # name, label, cli args... (output in $work/label.txt)
+  local name=$1 label=$2
+  shift 2
+  "$cli" --server=127.0.0.1:$(port "$name") --timeout=600s --max_message_bytes=2000000000 "$@" \
+    >"$work/$label.txt" 2>&1
+  local rc=$?
+  { echo "== $label rc=$rc: $*"; cat "$work/$label.txt"; } >>"$OUT/cli.log"
+  return $rc
+}
+# The p50 (ms) and requests/s of the first row of a bench table.
+p50_of() { awk '/p50 ms/{getline; print $3; exit}' "$work/$1.txt"; }
+rps_of() { awk '/p50 ms/{getline; print $2; exit}' "$work/$1.txt"; }
+gbs_of() { sed -nE 's/.*: ([0-9.]+) GB\/s per transfer at p50.*/\1/p' "$work/$1.txt" | head -1; }
+record() { printf '%s\t%s\n' "$1" "$2" | tee -a "$results"; }
+# Mean of a histogram's observations: name, label filter, metrics file.
+hist_mean() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import re, sys
+name, want, path = sys.argv[1:4]
+s = c = 0.0
+for line in open(path):
+    m = re.match(r'(\w+)\{([^}]*)\} (\S+)', line)
+    if not m or want not in m.group(2):
+        continue
+    if m.group(1) == name + '_sum':
+        s += float(m.group(3))
+    elif m.group(1) == name + '_count':
+        c += float(m.group(3))
+print(f"{s / c * 1e3:.4f}" if c else "nan")
+PY
+}
+
+start_server one --backend=cuda --devices=0
+start_server all --backend=cuda
+
+# 1-3. GEMM latency on one GPU.
+cli_on one gemm8k_resident bench gemm --m=8192 --n=8192 --k=8192 --dtype=bfloat16 --resident \
+  --requests=30 --warmup=3 --concurrency=1
+scrape one >"$work/m1.txt"
+record "gemm8192_bf16_resident_p50_ms" "$(p50_of gemm8k_resident)"
+record "gemm8192_bf16_kernel_mean_ms" \
+  "$(hist_mean gpucompute_kernel_duration_seconds 'op="gemm"' "$work/m1.txt")"
+cli_on one gemm64_resident bench gemm --m=64 --n=64 --k=64 --dtype=float32 --resident \
+  --requests=2000 --warmup=100 --concurrency=1
+record "gemm64_resident_p50_ms" "$(p50_of gemm64_resident)"
+cli_on one gemm8k_inline bench gemm --m=8192 --n=8192 --k=8192 --dtype=bfloat16 \
+  --requests=10 --warmup=2 --concurrency=1
+record "gemm8192_bf16_inline_p50_ms" "$(p50_of gemm8k_inline)"
+scrape one >"$work/m2.txt"
+python3 - "$work/m2.txt" <<'PY' | while read -r k v; do record "$k" "$v"; done
+import re, sys
+t = {}
+for line in open(sys.argv[1]):
+    m = re.match(r'gpucompute_transfer_(bytes_total|duration_seconds_sum)\{([^}]*)\} (\S+)', line)
+    if m:
+        d = re.search(r'direction="(\w+)"', m.group(2)).group(1)
+        t[(m.group(1), d)] = t.get((m.group(1), d), 0.0) + float(m.group(3))
+for d in ("host_to_device", "device_to_host"):
+    b, s = t.get(("bytes_total", d), 0), t.get(("duration_seconds_sum", d), 0)
+    print(f"staging_{d}_GBps {b / s / 1e9 if s else float('nan'):.2f}")
+PY
+cp "$work/m2.txt" "$OUT/metrics-one.txt"
+
+# 4. Upload and download of 1 GiB.
+for s in 1 8; do
+  cli_on one up_$s bench upload --bytes=1073741824 --requests=5 --warmup=1 --streams=$s
+  record "upload_1GiB_${s}_streams_GBps" "$(gbs_of up_$s)"
+  cli_on one down_$s bench download --bytes=1073741824 --requests=5 --warmup=1 --streams=$s
+  record "download_1GiB_${s}_streams_GBps" "$(gbs_of down_$s)"
+done
+
+# 6. Batch jobs on resident operands: one GPU, then all.
+for name in one all; do
+  cli_on $name batch_gemm_$name bench gemm --m=2048 --n=2048 --k=2048 --dtype=bfloat16 \
+    --resident --mode=batch --requests=1000 --warmup=20 --concurrency=16
+  record "batch_gemm2048_bf16_${name}_req_per_s" "$(rps_of batch_gemm_$name)"
+  cli_on $name batch_attn_$name bench attention --batch=4 --heads_q=32 --heads_kv=8 \
+    --seq_q=2048 --seq_kv=2048 --head_dim=128 --causal --dtype=bfloat16 --resident \
+    --mode=batch --requests=200 --warmup=10 --concurrency=16
+  record "batch_attention_${name}_req_per_s" "$(rps_of batch_attn_$name)"
+done
+scrape all >"$OUT/metrics-all.txt"
+
+# 7. RSS over 1000 uploads and 1000 downloads of 256 MiB (sampled every
+# 0.5 s; the first 10% of each loop is warm-up).
+pid=$(cat "$work/one.pid")
+for op in upload download; do
+  (while kill -0 "$pid" 2>/dev/null; do
+     echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$pid/status)"; sleep 0.5
+   done) >"$work/rss-$op.txt" &
+  sampler=$!
+  cli_on one rss_$op bench $op --bytes=268435456 --requests=1000 --warmup=20 --streams=1
+  kill $sampler 2>/dev/null
+  python3 - "$work/rss-$op.txt" <<PY | while read -r k v; do record "$k" "$v"; done
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 2]
+kb = [int(r[1]) for r in rows][len(rows) // 10:]
+lo, hi = min(kb), max(kb)
+print(f"rss_{'$op'}_256MiB_x1000_min_MiB {lo / 1024:.0f}")
+print(f"rss_{'$op'}_256MiB_x1000_max_MiB {hi / 1024:.0f}")
+print(f"rss_{'$op'}_256MiB_x1000_spread_pct {100 * (hi - lo) / lo:.1f}")
+PY
+done
+
+for f in "$work"/*.pid; do kill -TERM "$(cat "$f")" 2>/dev/null; done
+wait
+python3 - "$results" "$OUT/data-path.json" "$OUT/host.txt" <<'PY'
+import json, sys
+rows = [l.rstrip('\n').split('\t') for l in open(sys.argv[1]) if '\t' in l]
+host = open(sys.argv[3]).read().split('\n')
+json.dump({"host": host[0], "cores": host[1], "results": {k: v for k, v in rows}},
+          open(sys.argv[2], "w"), indent=1)
+PY
+(cd "$OUT" && tar czf logs.tgz server-*.log && rm -f server-*.log)
+echo "== data path ($(cat "$OUT/host.txt" | head -1))"
+column -t -s $'\t' "$results"
