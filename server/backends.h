@@ -26,7 +26,7 @@ struct BackendOptions {
   // Virtual CPU devices (CPU backend only).
   int cpu_devices = 1;
   // Per GPU: pinned staging memory, split among its lanes (CUDA only).
-  int64_t pinned_staging_bytes = int64_t{96} << 20;
+  int64_t pinned_staging_bytes = int64_t{256} << 20;
 };
 
 // The devices of one backend.

@@ -60,7 +60,7 @@ struct ServerOptions {
   absl::Duration resident_lease = absl::Hours(1);
   // Per GPU: pinned staging memory, allocated at start and split among the
   // GPU's lanes.
-  int64_t pinned_staging_bytes = int64_t{96} << 20;
+  int64_t pinned_staging_bytes = int64_t{256} << 20;
   // Threads that run operations; 0 = twice the hardware threads (at least 4).
   int worker_threads = 0;
   // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,

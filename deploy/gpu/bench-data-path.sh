@@ -13,7 +13,8 @@
 #   6. batch jobs over the Batch stream on resident operands, 1 GPU against
 #      all: 1000 GEMMs 2048^3 bf16, and causal attention 4x32/8x2048^2x128;
 #   7. server RSS over 1000 consecutive uploads and downloads of 256 MiB.
-# Logs and data-path.json go to $OUT; a table is printed last.
+# Logs and data-path.json go to $OUT; a table is printed last. SKIP_BATCH=1
+# and SKIP_RSS=1 leave out parts 6 and 7.
 set -u
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpucompute-data-path}
@@ -114,7 +115,7 @@ for s in 1 8; do
 done
 
 # 6. Batch jobs on resident operands: one GPU, then all.
-for name in one all; do
+for name in $([ "${SKIP_BATCH:-0}" = 1 ] || echo one all); do
   cli_on $name batch_gemm_$name bench gemm --m=2048 --n=2048 --k=2048 --dtype=bfloat16 \
     --resident --mode=batch --requests=1000 --warmup=20 --concurrency=16
   record "batch_gemm2048_bf16_${name}_req_per_s" "$(rps_of batch_gemm_$name)"
@@ -123,12 +124,12 @@ for name in one all; do
     --mode=batch --requests=200 --warmup=10 --concurrency=16
   record "batch_attention_${name}_req_per_s" "$(rps_of batch_attn_$name)"
 done
-scrape all >"$OUT/metrics-all.txt"
+[ "${SKIP_BATCH:-0}" = 1 ] || scrape all >"$OUT/metrics-all.txt"
 
 # 7. RSS over 1000 uploads and 1000 downloads of 256 MiB (sampled every
 # 0.5 s; the first 10% of each loop is warm-up).
 pid=$(cat "$work/one.pid")
-for op in upload download; do
+for op in $([ "${SKIP_RSS:-0}" = 1 ] || echo upload download); do
   (while kill -0 "$pid" 2>/dev/null; do
      echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$pid/status)"; sleep 0.5
    done) >"$work/rss-$op.txt" &
@@ -157,4 +158,4 @@ json.dump({"host": host[0], "cores": host[1], "results": {k: v for k, v in rows}
 PY
 (cd "$OUT" && tar czf logs.tgz server-*.log && rm -f server-*.log)
 echo "== data path ($(cat "$OUT/host.txt" | head -1))"
-column -t -s $'\t' "$results"
+cat "$results"

@@ -86,6 +86,10 @@ absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_byt
   absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking),
                               "cudaStreamCreate");
   if (!s.ok()) return s;
+  for (cudaEvent_t* e : {&lane->kernel_begin_, &lane->kernel_end_}) {
+    s = CudaStatus(cudaEventCreate(e), "cudaEventCreate");
+    if (!s.ok()) return s;
+  }
   for (int i = 0; i < std::max(2, num_buffers); ++i) {
     void* p = nullptr;
     s = CudaStatus(cudaHostAlloc(&p, chunk_bytes, cudaHostAllocPortable), "cudaHostAlloc");
@@ -105,6 +109,9 @@ Lane::~Lane() {
   if (stream_) cudaStreamSynchronize(stream_);
   for (void* p : buffers_) cudaFreeHost(p);
   for (cudaEvent_t e : ready_) cudaEventDestroy(e);
+  for (cudaEvent_t e : {kernel_begin_, kernel_end_}) {
+    if (e) cudaEventDestroy(e);
+  }
   if (stream_) cudaStreamDestroy(stream_);
 }
 

@@ -29,6 +29,10 @@ class Lane {
   Lane& operator=(const Lane&) = delete;
 
   cudaStream_t stream() const { return stream_; }
+  // Timing events for the kernels of the shard that holds the lane (made
+  // once with the lane rather than per shard).
+  cudaEvent_t kernel_begin() const { return kernel_begin_; }
+  cudaEvent_t kernel_end() const { return kernel_end_; }
 
   // Enqueues a copy of `rows` host rows of `row_bytes` each (row i at
   // src + i * src_pitch) into dense device memory at dst. Pageable host
@@ -60,6 +64,8 @@ class Lane {
   int ordinal_ = 0;
   ThreadPool* copier_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t kernel_begin_ = nullptr;
+  cudaEvent_t kernel_end_ = nullptr;
   size_t chunk_bytes_ = 0;
   std::vector<void*> buffers_;      // pinned
   std::vector<cudaEvent_t> ready_;  // buffer i may be reused once ready_[i] completes

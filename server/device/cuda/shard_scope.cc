@@ -23,8 +23,6 @@ ShardScope::ShardScope(CudaDevice* device)
 ShardScope::~ShardScope() {
   for (void* p : allocations_) cudaFreeAsync(p, lane_->stream());
   cudaStreamSynchronize(lane_->stream());
-  if (kernel_begin_) cudaEventDestroy(kernel_begin_);
-  if (kernel_end_) cudaEventDestroy(kernel_end_);
   cudaGetLastError();
   device_->ReleaseLane(lane_);
 }
@@ -173,22 +171,19 @@ absl::Status ShardScope::WriteOut(const OutputView& out, int64_t offset, size_t 
 }
 
 absl::Status ShardScope::BeginKernels() {
-  if (!kernel_begin_) {
-    RETURN_IF_ERROR(device_->Check(cudaEventCreate(&kernel_begin_), "cudaEventCreate"));
-    RETURN_IF_ERROR(device_->Check(cudaEventCreate(&kernel_end_), "cudaEventCreate"));
-  }
-  return device_->Check(cudaEventRecord(kernel_begin_, lane_->stream()), "cudaEventRecord");
+  return device_->Check(cudaEventRecord(lane_->kernel_begin(), lane_->stream()),
+                        "cudaEventRecord");
 }
 
 absl::Status ShardScope::EndKernels(cudaError_t launch, absl::string_view what) {
   RETURN_IF_ERROR(device_->Check(launch, what));
-  return device_->Check(cudaEventRecord(kernel_end_, lane_->stream()), "cudaEventRecord");
+  return device_->Check(cudaEventRecord(lane_->kernel_end(), lane_->stream()), "cudaEventRecord");
 }
 
 absl::Status ShardScope::AddKernelTime() {
-  RETURN_IF_ERROR(device_->Check(cudaEventSynchronize(kernel_end_), "kernel completion"));
+  RETURN_IF_ERROR(device_->Check(cudaEventSynchronize(lane_->kernel_end()), "kernel completion"));
   float ms = 0;
-  RETURN_IF_ERROR(device_->Check(cudaEventElapsedTime(&ms, kernel_begin_, kernel_end_),
+  RETURN_IF_ERROR(device_->Check(cudaEventElapsedTime(&ms, lane_->kernel_begin(), lane_->kernel_end()),
                                  "cudaEventElapsedTime"));
   kernel_seconds_ += ms * 1e-3;
   return absl::OkStatus();

@@ -96,8 +96,6 @@ class ShardScope {
   DeviceGuard guard_;
   Lane* lane_;
   std::vector<void*> allocations_;
-  cudaEvent_t kernel_begin_ = nullptr;
-  cudaEvent_t kernel_end_ = nullptr;
   double kernel_seconds_ = 0;
   double h2d_seconds_ = 0;
   double d2h_seconds_ = 0;
