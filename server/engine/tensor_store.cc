@@ -143,24 +143,28 @@ absl::StatusOr<std::shared_ptr<ResidentTensor>> TensorStore::Create(
       if (home < 0) return absl::UnavailableError("no healthy device is left");
     }
     Owner& account = owners_[owner];
+    absl::Status refused;
     if (options_.quota_bytes > 0 && account.bytes + bytes > options_.quota_bytes) {
-      return absl::ResourceExhaustedError(
+      refused = absl::ResourceExhaustedError(
           absl::StrCat("--resident_quota_bytes: ", bytes,
                        " bytes more would bring this client's resident "
                        "tensors to ",
                        account.bytes + bytes, " bytes, over its quota of ", options_.quota_bytes,
                        "; free some (Free) first"));
-    }
-    if (options_.max_tensors > 0 && account.tensors + 1 > options_.max_tensors) {
-      return absl::ResourceExhaustedError(
+    } else if (options_.max_tensors > 0 && account.tensors + 1 > options_.max_tensors) {
+      refused = absl::ResourceExhaustedError(
           absl::StrCat("--resident_max_tensors: this client holds ", account.tensors,
                        " resident tensors, the most allowed; free some (Free) first"));
-    }
-    if (!ChargeDevice(home, bytes)) {
-      return absl::ResourceExhaustedError(
+    } else if (!ChargeDevice(home, bytes)) {
+      refused = absl::ResourceExhaustedError(
           absl::StrCat("--resident_max_bytes_per_device: device ", home, " holds ",
                        device_bytes_[home], " resident bytes; ", bytes,
                        " more would pass its cap of ", options_.device_cap_bytes[home]));
+    }
+    if (!refused.ok()) {
+      // An owner that holds nothing is not kept (see Release).
+      if (account.tensors == 0) owners_.erase(owner);
+      return refused;
     }
     account.bytes += bytes;
     ++account.tensors;
@@ -379,9 +383,13 @@ void TensorStore::Release(const std::string& owner, int device, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   device_bytes_[device] -= bytes;
   --device_tensors_[device];
-  Owner& account = owners_[owner];
-  account.bytes -= bytes;
-  --account.tensors;
+  auto account = owners_.find(owner);
+  if (account == owners_.end()) return;
+  account->second.bytes -= bytes;
+  --account->second.tensors;
+  // Owners come and go with their sessions: one that holds nothing is
+  // forgotten, so that the map stays as small as the tensors it counts.
+  if (account->second.tensors == 0 && account->second.live.empty()) owners_.erase(account);
 }
 
 void TensorStore::ReleaseReplica(int device, int64_t bytes) {
