@@ -134,20 +134,21 @@ double ShardSeconds(const DeviceCost& cost, const WorkCost& work) {
 }
 
 int64_t FootprintBytes(const GemmSpec& spec) {
-  return RoundUpBytes(GemmWork(spec, {0, spec.m}).bytes);
+  return RoundUpBytes(GemmWork(spec, {0, spec.m}).host_bytes);
 }
 int64_t FootprintBytes(const GemvSpec& spec) {
-  return RoundUpBytes(GemvWork(spec, {0, spec.m}).bytes);
+  return RoundUpBytes(GemvWork(spec, {0, spec.m}).host_bytes);
 }
 int64_t FootprintBytes(const ReduceSpec& spec) {
-  return RoundUpBytes(ReduceWork(spec, {0, spec.outer}, {0, spec.axis_len}, false).bytes);
+  return RoundUpBytes(ReduceWork(spec, {0, spec.outer}, {0, spec.axis_len}, false).host_bytes);
 }
 int64_t FootprintBytes(const TransposeSpec& spec) {
   // The whole output as one prefix unit.
-  return RoundUpBytes(TransposeWork(spec, 0, {0, 1}).bytes);
+  return RoundUpBytes(TransposeWork(spec, 0, {0, 1}).host_bytes);
 }
 int64_t FootprintBytes(const AttentionSpec& spec) {
-  return RoundUpBytes(AttentionWork(spec, {0, spec.batch * spec.heads_q}, {0, spec.seq_q}).bytes);
+  return RoundUpBytes(
+      AttentionWork(spec, {0, spec.batch * spec.heads_q}, {0, spec.seq_q}).host_bytes);
 }
 
 ShardPlan PlaceByCost(

@@ -47,9 +47,11 @@ WorkCost AttentionWork(const AttentionSpec& spec, Range heads, Range q_rows);
 // rate (the terms run one after another: upload, kernels, download).
 double ShardSeconds(const DeviceCost& cost, const WorkCost& work);
 
-// Bytes a validated operation holds while it runs, its inputs plus its
-// outputs: the bytes of the whole operation's WorkCost (the admission cost),
-// rounded up and saturated at the int64 maximum.
+// Host memory a validated operation holds while it runs: its inputs in host
+// memory plus its results going there (resident operands and kept results
+// live in device memory), i.e. the host_bytes of the whole operation's
+// WorkCost, rounded up and saturated at the int64 maximum. The admission
+// cost (--max_inflight_bytes).
 int64_t FootprintBytes(const GemmSpec& spec);
 int64_t FootprintBytes(const GemvSpec& spec);
 int64_t FootprintBytes(const ReduceSpec& spec);

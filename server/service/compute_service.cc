@@ -59,25 +59,8 @@ absl::StatusOr<OpResult> Run(Engine& engine, const AttentionSpec& spec, const Ca
   return engine.Attention(spec, call);
 }
 
-// Output bytes of a spec (what keep_output keeps off the host).
-int64_t OutputBytes(const std::vector<int64_t>& shape, DType dtype) {
-  return NumElements(shape) * int64_t(DTypeSize(dtype));
-}
-int64_t OutputBytes(const GemmSpec& s) { return OutputBytes(s.out_shape, s.options.output_dtype); }
-int64_t OutputBytes(const GemvSpec& s) { return OutputBytes(s.out_shape, s.options.output_dtype); }
-int64_t OutputBytes(const ReduceSpec& s) {
-  return OutputBytes(s.out_shape, s.options.output_dtype);
-}
-int64_t OutputBytes(const TransposeSpec& s) {
-  return OutputBytes(s.out_shape, s.options.output_dtype);
-}
-int64_t OutputBytes(const AttentionSpec& s) {
-  return OutputBytes(s.out_shape, s.options.output_dtype) +
-         (s.return_lse ? s.batch * s.heads_q * s.seq_q * 4 : 0);
-}
-
 // Resolves handles in the store for one owner, holding what it resolved
-// alive (and its bytes counted) until the resolver goes.
+// alive until the resolver goes.
 class StoreResolver final : public HandleResolver {
  public:
   StoreResolver(TensorStore& store, const std::string& owner) : store_(store), owner_(owner) {}
@@ -85,19 +68,16 @@ class StoreResolver final : public HandleResolver {
     ASSIGN_OR_RETURN(std::shared_ptr<ResidentTensor> tensor, store_.Acquire(owner_, handle, field));
     const TensorView view = tensor->view();
     if (std::find(held_.begin(), held_.end(), tensor) == held_.end()) {
-      bytes_ += tensor->bytes();
       held_.push_back(std::move(tensor));
     }
     return view;
   }
   const std::vector<std::shared_ptr<ResidentTensor>>& held() const { return held_; }
-  int64_t bytes() const { return bytes_; }
 
  private:
   TensorStore& store_;
   const std::string& owner_;
   std::vector<std::shared_ptr<ResidentTensor>> held_;
-  int64_t bytes_ = 0;
 };
 
 }  // namespace
@@ -188,13 +168,8 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   StoreResolver handles(engine_->store(), call.owner);
   ASSIGN_OR_RETURN(const auto spec, Parse(request, options_.limits, &handles));
   const double decode_seconds = SecondsSince(decode_start);
-  // Admission holds the host memory the operation holds: not its resident
-  // operands, nor a result kept resident.
-  const int64_t host_bytes =
-      std::max<int64_t>(0, FootprintBytes(spec) - handles.bytes() -
-                               (spec.options.keep_output ? OutputBytes(spec) : 0));
   grpc::CallbackServerContext* context = call.context;
-  ASSIGN_OR_RETURN(*ticket, admission_->Admit(host_bytes, call.deadline,
+  ASSIGN_OR_RETURN(*ticket, admission_->Admit(FootprintBytes(spec), call.deadline,
                                               [context] { return context->IsCancelled(); }));
   metrics_->AddInflightBytes(ticket->bytes());
   slot.Leave();

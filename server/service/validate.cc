@@ -164,39 +164,14 @@ v1::DType ToProtoDType(DType dtype) {
 absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_view field,
                                        HandleResolver* handles) {
   if (!tensor.handle().empty()) return ResolveTensor(tensor, field, handles);
-  TensorView view;
-  ASSIGN_OR_RETURN(view.dtype, ParseDType(tensor.dtype(), absl::StrCat(field, ".dtype")));
   // No operation takes more than 4 axes; a longer shape is refused before it
-  // is copied or echoed into a message.
-  if (tensor.shape_size() > kMaxTensorRank) {
-    return Invalid(absl::StrCat(field, ".shape"),
-                   absl::StrCat("rank ", tensor.shape_size(), " exceeds the largest supported, ",
-                                kMaxTensorRank));
-  }
+  // is copied or echoed into a message. The product of the non-zero
+  // dimensions must fit, so that every partial product the layers below form
+  // fits too.
+  ASSIGN_OR_RETURN(const int64_t expected, TensorBytes(tensor.dtype(), tensor.shape(), field));
+  TensorView view;
+  view.dtype = *ParseDType(tensor.dtype(), field);
   view.shape.assign(tensor.shape().begin(), tensor.shape().end());
-  for (size_t i = 0; i < view.shape.size(); ++i) {
-    if (view.shape[i] < 0) {
-      return Invalid(absl::StrCat(field, ".shape[", i, "]"),
-                     absl::StrCat("expected a dimension >= 0 but got ", view.shape[i]));
-    }
-  }
-  // The product of the non-zero dimensions must fit, so that every partial
-  // product the layers below form fits too.
-  std::optional<int64_t> bytes = static_cast<int64_t>(DTypeSize(view.dtype));
-  bool empty = false;
-  for (int64_t d : view.shape) {
-    if (d == 0) {
-      empty = true;
-    } else if (bytes) {
-      bytes = CheckedMul(*bytes, d);
-    }
-  }
-  if (!bytes) {
-    return Invalid(absl::StrCat(field, ".shape"),
-                   absl::StrCat("the size of ", ShapeString(view.shape), " ",
-                                std::string(DTypeName(view.dtype)), " overflows int64"));
-  }
-  const int64_t expected = empty ? 0 : *bytes;
   if (static_cast<int64_t>(tensor.data().size()) != expected) {
     return Invalid(
         absl::StrCat(field, ".data"),

@@ -84,6 +84,8 @@ TEST(WorkCost, ResidentOperandsAndKeptResultsStayOffTheHost) {
   const WorkCost w = GemmWork(s, {0, 100});
   EXPECT_DOUBLE_EQ(w.bytes, 4.0 * (100 * 20 + 20 * 50 + 100 * 50));
   EXPECT_DOUBLE_EQ(w.host_bytes, 4.0 * 100 * 20);  // A only
+  // Admission holds host memory only.
+  EXPECT_EQ(FootprintBytes(s), 4 * 100 * 20);
 }
 
 TEST(PlaceByCost, ABusyDeviceGivesTheNextOperationToAnIdleOne) {
