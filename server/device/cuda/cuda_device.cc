@@ -53,8 +53,9 @@ DType FromKernel(k::DType t) {
 // - fixed, per shard whatever its size: lane lease, stream-ordered
 //   allocations and frees, event timing, synchronisation (~150 us; an
 //   estimate, as the results do not break it out: measure it next time);
-// - host <-> device staging through a lane's pinned buffers, one memcpy
-//   thread per shard: 8.2 GB/s for 1 GiB;
+// - host <-> device staging through a lane's pinned buffers, the copies
+//   spread over the device's copy threads: 32.7 GB/s host to device and
+//   37.0 GB/s back (deploy/results/data-path.md, run 2);
 // - device memory: 4530 GB/s for a 2^28 fp32 reduce (reduce.md);
 // - tensor cores (fp16/bf16 GEMM and flash attention): 770 TFLOP/s for a
 //   16384^3 bf16 GEMM;
@@ -62,7 +63,7 @@ DType FromKernel(k::DType t) {
 //   for fp32 GEMM (gemm_simt.md).
 // Calibration replaces the memory and tensor-core rates where it runs.
 constexpr double kShardFixedSeconds = 150e-6;
-constexpr double kStagingBytesPerSecond = 8e9;
+constexpr double kStagingBytesPerSecond = 30e9;
 constexpr double kMemoryBytesPerSecond = 4000e9;
 constexpr double kTensorCoreFlopsPerSecond = 700e12;
 constexpr double kCudaCoreFlopsPerSecond = 50e12;
