@@ -88,9 +88,12 @@ class Engine {
 
   // Runs one operation. The candidate devices are options.devices (in that
   // order), or every healthy device; the operation runs on the fewest of the
-  // heaviest candidates whose estimated time is within a few percent of the
-  // best (PlaceByCost in server/core/cost.h, from each device's Cost()), and
-  // their weights divide it among them. A device with a fixed cost per shard
+  // least busy candidates (equally busy: the heaviest) whose estimated time
+  // is within a few percent of the best (PlaceByCost in server/core/cost.h,
+  // from each device's Cost() and the work it holds), and their weights
+  // divide it among them. With options.keep_output the result is a pending
+  // resident tensor of call.owner (OpResult::kept_output) on the device of
+  // the largest shard. A device with a fixed cost per shard
   // (a GPU) keeps a small operation to itself; devices without one (the CPU
   // backend) split every operation over every candidate. An empty output is
   // returned at once, with no shards. REQUIRES: a validated spec
@@ -100,7 +103,8 @@ class Engine {
   // left, RESOURCE_EXHAUSTED (naming --device_max_inflight_bytes) when a
   // shard alone exceeds its device's in-flight bound or call.deadline passes
   // while waiting for room, CANCELLED when call.cancelled() turns true while
-  // waiting, or the first shard's error.
+  // waiting, the store's errors for a kept result (RESOURCE_EXHAUSTED naming
+  // the cap or quota), or the first shard's error.
   absl::StatusOr<OpResult> Gemm(const GemmSpec& spec, const CallContext& call = {});
   absl::StatusOr<OpResult> Gemv(const GemvSpec& spec, const CallContext& call = {});
   absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec, const CallContext& call = {});
