@@ -15,9 +15,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "google/protobuf/field_mask.pb.h"
+#include "google/protobuf/util/field_mask_util.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
+#include "proto/wire.h"
 
 namespace gpucompute {
 namespace {
@@ -133,69 +139,156 @@ absl::Status TransferSettings(const ClientOptions& options, int streams_override
   return absl::OkStatus();
 }
 
-// Sends one upload stream: `header`, then the bytes `part` from `source` in
-// chunks of at most chunk_bytes (one empty chunk for an empty tensor).
-// Returns OK once the server answered with a TensorInfo in `response`.
-absl::Status SendUpload(v1::Compute::Stub& stub, grpc::ClientContext& ctx,
+// The transfer streams are raw calls (proto/wire.h): a chunk is sent from
+// the caller's memory (or one buffer the source fills) and received without
+// protobuf copying its bytes.
+const grpc::internal::RpcMethod& UploadMethod() {
+  static const grpc::internal::RpcMethod method("/gpucompute.v1.Compute/Upload",
+                                                grpc::internal::RpcMethod::CLIENT_STREAMING);
+  return method;
+}
+const grpc::internal::RpcMethod& DownloadMethod() {
+  static const grpc::internal::RpcMethod method("/gpucompute.v1.Compute/Download",
+                                                grpc::internal::RpcMethod::SERVER_STREAMING);
+  return method;
+}
+
+// Parses a message with no large bytes fields (or with them copied).
+absl::Status ParseRaw(const grpc::ByteBuffer& raw, google::protobuf::Message* message,
+                      absl::string_view what) {
+  std::vector<wire::ExternalField> external;
+  absl::Status status = wire::Parse(raw, message, &external, wire::kDefaultMinExternalBytes, what);
+  if (!status.ok()) return absl::InternalError(absl::StrCat("the server's ", status.message()));
+  wire::Materialize(&external);
+  return absl::OkStatus();
+}
+
+// Sends one upload stream: `header`, then the bytes `part` in chunks of at
+// most chunk_bytes (one empty chunk for an empty tensor). The bytes are sent
+// from `direct` (the whole tensor in memory: no copy) when it is not null,
+// else copied out of `source`; gRPC holds `direct` (a copy of the token
+// for each chunk) until it is done with the bytes. Returns OK once the server
+// answered with a TensorInfo in `response`.
+absl::Status SendUpload(grpc::Channel* channel, grpc::ClientContext& ctx,
                         const v1::UploadHeader& header, ByteRange part, int64_t chunk_bytes,
-                        const UploadSource& source, v1::UploadResponse& response) {
-  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer = stub.Upload(&ctx, &response);
-  v1::UploadRequest message;
-  *message.mutable_header() = header;
-  std::string& data = *message.mutable_data();
+                        const UploadSource& source, const std::shared_ptr<const void>& direct,
+                        v1::UploadResponse& response) {
+  const google::protobuf::FieldDescriptor* data_field =
+      wire::Field(v1::UploadRequest::descriptor(), "data");
+  grpc::ByteBuffer raw_response;
   absl::Status source_status;
-  bool sent_all = true;
-  int64_t offset = part.begin;
-  do {
-    const int64_t n = std::min(chunk_bytes, part.end - offset);
-    message.set_offset(offset);
-    data.resize(n);
-    if (n > 0) source_status = source(offset, n, data.data());
-    if (!source_status.ok()) {
-      ctx.TryCancel();
-      sent_all = false;
-      break;
-    }
-    if (!writer->Write(message)) {  // the stream broke: Finish says why
-      sent_all = false;
-      break;
-    }
-    message.clear_header();
-    offset += n;
-  } while (offset < part.end);
-  if (sent_all) writer->WritesDone();
-  grpc::Status status = writer->Finish();
+  grpc::Status status;
+  {
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, UploadMethod(), &ctx,
+                                                                      &raw_response));
+    v1::UploadRequest message;
+    *message.mutable_header() = header;
+    bool sent_all = true;
+    int64_t offset = part.begin;
+    do {
+      const int64_t n = std::min(chunk_bytes, part.end - offset);
+      message.set_offset(offset);
+      wire::Attachment data{{data_field}, nullptr, n, nullptr};
+      if (direct != nullptr) {
+        data.data = static_cast<const char*>(direct.get()) + offset;
+        data.keep_alive = direct;
+      } else if (n > 0) {
+        std::shared_ptr<char[]> buffer(new char[static_cast<size_t>(n)]);
+        source_status = source(offset, n, buffer.get());
+        data.data = buffer.get();
+        data.keep_alive = std::move(buffer);
+      }
+      if (!source_status.ok()) {
+        ctx.TryCancel();
+        sent_all = false;
+        break;
+      }
+      std::vector<wire::Attachment> attachments;
+      if (n > 0) attachments.push_back(std::move(data));
+      if (!writer->Write(wire::Serialize(message, std::move(attachments)))) {
+        sent_all = false;  // the stream broke: Finish says why
+        break;
+      }
+      message.clear_header();
+      offset += n;
+    } while (offset < part.end);
+    if (sent_all) writer->WritesDone();
+    status = writer->Finish();
+  }
   if (!source_status.ok()) return source_status;
   if (!status.ok()) return FromGrpc(status);
+  if (absl::Status parsed = ParseRaw(raw_response, &response, "upload response"); !parsed.ok()) {
+    return parsed;
+  }
   if (!response.has_tensor()) {
     return absl::InternalError("upload: the server answered without a TensorInfo");
   }
   return absl::OkStatus();
 }
 
+// One message of a Download stream, its data left in gRPC's slices.
+struct DownloadChunk {
+  v1::DownloadResponse message;
+  std::vector<wire::ExternalField> external;
+  int64_t size() const {
+    return external.empty() ? static_cast<int64_t>(message.data().size())
+                            : external.front().bytes.size();
+  }
+  // Hands the bytes [0, n) to `sink` at `offset`, piece by piece.
+  absl::Status Deliver(int64_t offset, int64_t n, const DownloadSink& sink) const {
+    if (external.empty()) return sink(offset, message.data().data(), n);
+    absl::Status status;
+    external.front().bytes.ForEach([&](const char* data, size_t size) {
+      const int64_t piece = std::min<int64_t>(n, static_cast<int64_t>(size));
+      if (!status.ok() || piece <= 0) return;
+      status = sink(offset, data, piece);
+      offset += piece;
+      n -= piece;
+    });
+    return status;
+  }
+};
+
+// Reads the next message of `reader` into `chunk`; false at the end of the
+// stream, with *error set when the message was not a DownloadResponse.
+bool ReadChunk(grpc::ClientReader<grpc::ByteBuffer>& reader, DownloadChunk& chunk,
+               absl::Status* error) {
+  grpc::ByteBuffer raw;
+  if (!reader.Read(&raw)) return false;
+  absl::Status status = wire::Parse(raw, &chunk.message, &chunk.external,
+                                    wire::kDefaultMinExternalBytes, "download message");
+  if (!status.ok()) {
+    *error = absl::InternalError(absl::StrCat("the server's ", status.message()));
+    return false;
+  }
+  return true;
+}
+
 // Reads the rest of one Download stream that asked for the bytes from
-// `asked.begin` to `asked.end`; `message` holds its first message. The bytes
+// `asked.begin` to `asked.end`; `chunk` holds its first message. The bytes
 // below `until` go to `sink`. When until < asked.end the stream is cancelled
 // once they are in; otherwise it is read to its end, which must be
 // asked.end. Errors: the stream's status, the sink's, INTERNAL for a chunk
 // out of order, past the range or missing.
-absl::Status ReceiveDownload(grpc::ClientReader<v1::DownloadResponse>& reader,
-                             grpc::ClientContext& ctx, v1::DownloadResponse& message,
-                             ByteRange asked, int64_t until, const DownloadSink& sink) {
+absl::Status ReceiveDownload(grpc::ClientReader<grpc::ByteBuffer>& reader, grpc::ClientContext& ctx,
+                             DownloadChunk& chunk, ByteRange asked, int64_t until,
+                             const DownloadSink& sink) {
   absl::Status error;
   int64_t next = asked.begin;
   bool more = true;
   while (more) {
-    const int64_t n = static_cast<int64_t>(message.data().size());
-    if (message.offset() != next || n > asked.end - next) {
-      error = absl::InternalError(absl::StrCat(
-          "download: the server sent bytes [", message.offset(), ", ", message.offset() + n,
-          ") where [", next, ", ...) of [", asked.begin, ", ", asked.end, ") was due"));
+    const int64_t n = chunk.size();
+    if (chunk.message.offset() != next || n > asked.end - next) {
+      error = absl::InternalError(
+          absl::StrCat("download: the server sent bytes [", chunk.message.offset(), ", ",
+                       chunk.message.offset() + n, ") where [", next, ", ...) of [", asked.begin,
+                       ", ", asked.end, ") was due"));
       break;
     }
     const int64_t wanted = std::min(n, until - next);
     if (wanted > 0) {
-      error = sink(next, message.data().data(), wanted);
+      error = chunk.Deliver(next, wanted, sink);
       if (!error.ok()) break;
     }
     next += n;
@@ -204,7 +297,7 @@ absl::Status ReceiveDownload(grpc::ClientReader<v1::DownloadResponse>& reader,
       reader.Finish();
       return absl::OkStatus();
     }
-    more = reader.Read(&message);
+    more = ReadChunk(reader, chunk, &error);
   }
   if (!error.ok()) {
     ctx.TryCancel();
@@ -218,6 +311,14 @@ absl::Status ReceiveDownload(grpc::ClientReader<v1::DownloadResponse>& reader,
                                             asked.begin, ", ", asked.end, ")"));
   }
   return absl::OkStatus();
+}
+
+// Starts a Download stream for `request` on `channel`.
+std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> StartDownload(
+    grpc::Channel* channel, grpc::ClientContext& ctx, const v1::DownloadRequest& request) {
+  return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel, DownloadMethod(), &ctx,
+                                                                    wire::Serialize(request)));
 }
 
 // One unary call on `stub` through the member function `method`.
@@ -319,43 +420,160 @@ Client::Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> 
       stub_(v1::Compute::NewStub(channel_)),
       health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
 
-v1::Compute::Stub& Client::TransferStub(int i) const {
+grpc::Channel* Client::TransferChannel(int i) const {
   absl::MutexLock lock(&transfer_mu_);
-  while (static_cast<int>(transfer_stubs_.size()) <= i) {
+  while (static_cast<int>(transfer_channels_.size()) <= i) {
     // A subchannel pool of its own gives the channel its own connection; the
     // distinct argument keeps any two of them from being taken as equal.
     grpc::ChannelArguments args = args_;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt("gpucompute.connection", static_cast<int>(transfer_stubs_.size()));
-    transfer_stubs_.push_back(
-        v1::Compute::NewStub(grpc::CreateCustomChannel(options_.target, credentials_, args)));
+    args.SetInt("gpucompute.connection", static_cast<int>(transfer_channels_.size()));
+    transfer_channels_.push_back(grpc::CreateCustomChannel(options_.target, credentials_, args));
   }
-  return *transfer_stubs_[i];
+  return transfer_channels_[i].get();
+}
+
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+// The singular Tensor fields of `message` that are set.
+std::vector<const FieldDescriptor*> TensorFields(const Message& message) {
+  std::vector<const FieldDescriptor*> fields;
+  message.GetReflection()->ListFields(message, &fields);
+  std::vector<const FieldDescriptor*> tensors;
+  for (const FieldDescriptor* f : fields) {
+    if (!f->is_repeated() && f->message_type() == v1::Tensor::descriptor()) tensors.push_back(f);
+  }
+  return tensors;
+}
+
+const v1::Tensor& TensorAt(const Message& message, const FieldDescriptor* field) {
+  return static_cast<const v1::Tensor&>(message.GetReflection()->GetMessage(message, field));
+}
+v1::Tensor* MutableTensorAt(Message* message, const FieldDescriptor* field) {
+  return static_cast<v1::Tensor*>(message->GetReflection()->MutableMessage(message, field));
+}
+
+// What is left of a call's deadline, as the CallOptions of its next step.
+CallOptions Remaining(absl::Time deadline, const CallOptions& call) {
+  CallOptions next = call;
+  next.timeout = deadline == absl::InfiniteFuture()
+                     ? absl::InfiniteDuration()
+                     : std::max(deadline - absl::Now(), absl::Nanoseconds(1));
+  return next;
+}
+
+}  // namespace
+
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::RunOp(const Request& request, const CallOptions& call,
+                                       grpc::Status (v1::Compute::Stub::*method)(
+                                           grpc::ClientContext*, const Request&, Response*)) const {
+  int64_t inline_bytes = 0;
+  std::vector<const FieldDescriptor*> operands;
+  for (const FieldDescriptor* f : TensorFields(request)) {
+    const v1::Tensor& t = TensorAt(request, f);
+    if (!t.data().empty() && t.handle().empty()) {
+      operands.push_back(f);
+      inline_bytes += static_cast<int64_t>(t.data().size());
+    }
+  }
+  if (options_.offload_min_bytes <= 0 || inline_bytes < options_.offload_min_bytes) {
+    return Unary(options_, call, *stub_, method, request);
+  }
+  const absl::Duration timeout =
+      call.timeout == absl::ZeroDuration() ? options_.default_timeout : call.timeout;
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  std::vector<std::string> handles;  // freed at the end, whatever happens
+  auto free_all = [&] {
+    if (!handles.empty()) (void)Free(handles, Remaining(absl::Now() + absl::Seconds(10), call));
+    handles.clear();
+  };
+
+  // The operands, uploaded. Any refusal (an older server without uploads, a
+  // full quota, an operand the upload rejects) sends the call as one message
+  // instead: the server then answers it, or names the field at fault.
+  Request shell;
+  google::protobuf::FieldMask mask;
+  std::vector<const FieldDescriptor*> fields;
+  request.GetReflection()->ListFields(request, &fields);
+  for (const FieldDescriptor* f : fields) {
+    if (std::find(operands.begin(), operands.end(), f) == operands.end()) {
+      mask.add_paths(f->name());
+    }
+  }
+  google::protobuf::util::FieldMaskUtil::MergeMessageTo(
+      request, mask, google::protobuf::util::FieldMaskUtil::MergeOptions(), &shell);
+  for (const FieldDescriptor* f : operands) {
+    const v1::Tensor& t = TensorAt(request, f);
+    absl::StatusOr<v1::TensorInfo> info =
+        Upload(t.dtype(), ShapeOf(t), t.data().data(), UploadOptions(), Remaining(deadline, call));
+    if (!info.ok()) {
+      free_all();
+      if (absl::IsDeadlineExceeded(info.status()) || absl::IsCancelled(info.status())) {
+        return info.status();
+      }
+      return Unary(options_, Remaining(deadline, call), *stub_, method, request);
+    }
+    handles.push_back(info->handle());
+    v1::Tensor* operand = MutableTensorAt(&shell, f);
+    *operand = HandleTensor(info->handle());
+    operand->set_dtype(t.dtype());
+    *operand->mutable_shape() = t.shape();
+  }
+  const bool keep = shell.options().keep_output();
+  shell.mutable_options()->set_keep_output(true);
+  absl::StatusOr<Response> response =
+      Unary(options_, Remaining(deadline, call), *stub_, method, shell);
+  if (!response.ok()) {
+    free_all();
+    return response.status();
+  }
+  // The results, downloaded (unless the caller asked to keep them).
+  if (!keep) {
+    for (const FieldDescriptor* f : TensorFields(*response)) {
+      const std::string handle = TensorAt(*response, f).handle();
+      if (handle.empty()) continue;
+      handles.push_back(handle);
+      absl::StatusOr<v1::Tensor> result =
+          DownloadTensor(handle, DownloadOptions(), Remaining(deadline, call));
+      if (!result.ok()) {
+        free_all();
+        return result.status();
+      }
+      *MutableTensorAt(&*response, f) = *std::move(result);
+    }
+  }
+  free_all();
+  return response;
 }
 
 absl::StatusOr<v1::GemmResponse> Client::Gemm(const v1::GemmRequest& request,
                                               const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::Gemm, request);
+  return RunOp(request, call, &v1::Compute::Stub::Gemm);
 }
 
 absl::StatusOr<v1::GemvResponse> Client::Gemv(const v1::GemvRequest& request,
                                               const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::Gemv, request);
+  return RunOp(request, call, &v1::Compute::Stub::Gemv);
 }
 
 absl::StatusOr<v1::ReduceResponse> Client::Reduce(const v1::ReduceRequest& request,
                                                   const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::Reduce, request);
+  return RunOp(request, call, &v1::Compute::Stub::Reduce);
 }
 
 absl::StatusOr<v1::TransposeResponse> Client::Transpose(const v1::TransposeRequest& request,
                                                         const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::Transpose, request);
+  return RunOp(request, call, &v1::Compute::Stub::Transpose);
 }
 
 absl::StatusOr<v1::AttentionResponse> Client::Attention(const v1::AttentionRequest& request,
                                                         const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::Attention, request);
+  return RunOp(request, call, &v1::Compute::Stub::Attention);
 }
 
 absl::StatusOr<v1::EchoResponse> Client::Echo(const v1::EchoRequest& request,
@@ -381,13 +599,13 @@ absl::StatusOr<v1::TensorInfo> Client::Upload(v1::DType dtype, const std::vector
                                               const void* data, const UploadOptions& upload,
                                               const CallOptions& call) const {
   const char* bytes = static_cast<const char*>(data);
-  return UploadFrom(
+  return UploadImpl(
       dtype, shape,
       [bytes](int64_t offset, int64_t size, char* dst) {
         std::memcpy(dst, bytes + offset, size);
         return absl::OkStatus();
       },
-      upload, call);
+      bytes, upload, call);
 }
 
 absl::StatusOr<v1::TensorInfo> Client::Upload(const v1::Tensor& tensor, const UploadOptions& upload,
@@ -403,6 +621,14 @@ absl::StatusOr<v1::TensorInfo> Client::Upload(const v1::Tensor& tensor, const Up
 absl::StatusOr<v1::TensorInfo> Client::UploadFrom(v1::DType dtype,
                                                   const std::vector<int64_t>& shape,
                                                   const UploadSource& source,
+                                                  const UploadOptions& upload,
+                                                  const CallOptions& call) const {
+  return UploadImpl(dtype, shape, source, nullptr, upload, call);
+}
+
+absl::StatusOr<v1::TensorInfo> Client::UploadImpl(v1::DType dtype,
+                                                  const std::vector<int64_t>& shape,
+                                                  const UploadSource& source, const char* direct,
                                                   const UploadOptions& upload,
                                                   const CallOptions& call) const {
   absl::StatusOr<int64_t> bytes = TensorBytes(dtype, shape);
@@ -424,19 +650,35 @@ absl::StatusOr<v1::TensorInfo> Client::UploadFrom(v1::DType dtype,
     header.set_upload_id(NewUploadId());
     header.set_parts(static_cast<int32_t>(parts.size()));
   }
-  StreamGroup group(parts.size(), options_, call);
+  // gRPC references `direct` until the streams' calls are gone, which is
+  // when their contexts are: the upload returns after that.
+  absl::Notification released;
+  std::shared_ptr<const void> direct_token;
+  if (direct != nullptr) {
+    direct_token.reset(direct, [&released](const void*) { released.Notify(); });
+  }
   std::vector<v1::UploadResponse> responses(parts.size());
-  RunStreams(parts.size(), [&](size_t i) {
-    v1::UploadHeader part_header = header;
-    if (parts.size() > 1) {
-      part_header.set_part_begin(parts[i].begin);
-      part_header.set_part_end(parts[i].end);
-    }
-    absl::Status status = SendUpload(TransferStub(static_cast<int>(i)), group.context(i),
-                                     part_header, parts[i], chunk_bytes, source, responses[i]);
-    if (!status.ok()) group.Fail(std::move(status));
-  });
-  if (absl::Status status = group.error(); !status.ok()) return status;
+  absl::Status upload_status;
+  {
+    StreamGroup group(parts.size(), options_, call);
+    RunStreams(parts.size(), [&](size_t i) {
+      v1::UploadHeader part_header = header;
+      if (parts.size() > 1) {
+        part_header.set_part_begin(parts[i].begin);
+        part_header.set_part_end(parts[i].end);
+      }
+      absl::Status status =
+          SendUpload(TransferChannel(static_cast<int>(i)), group.context(i), part_header, parts[i],
+                     chunk_bytes, source, direct_token, responses[i]);
+      if (!status.ok()) group.Fail(std::move(status));
+    });
+    upload_status = group.error();
+  }
+  if (direct_token != nullptr) {
+    direct_token.reset();
+    released.WaitForNotification();
+  }
+  if (!upload_status.ok()) return upload_status;
   for (const v1::UploadResponse& response : responses) {
     if (response.tensor().handle() != responses[0].tensor().handle()) {
       return absl::InternalError(absl::StrCat(
@@ -466,15 +708,18 @@ absl::StatusOr<v1::TensorInfo> Client::DownloadWith(
   request.set_handle(handle);
   request.set_chunk_bytes(chunk_bytes);
   grpc::ClientContext& first_ctx = group.context(0);
-  std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> first =
-      TransferStub(0).Download(&first_ctx, request);
-  v1::DownloadResponse first_message;
-  if (!first->Read(&first_message)) {
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> first =
+      StartDownload(TransferChannel(0), first_ctx, request);
+  DownloadChunk first_chunk;
+  absl::Status read_error;
+  if (!ReadChunk(*first, first_chunk, &read_error)) {
     grpc::Status status = first->Finish();
     if (!status.ok()) return FromGrpc(status);
+    if (!read_error.ok()) return read_error;
     return absl::InternalError(
         absl::StrCat("download: the stream of \"", handle, "\" ended without a message"));
   }
+  const v1::DownloadResponse& first_message = first_chunk.message;
   absl::Status info_status;
   if (!first_message.has_tensor()) {
     info_status = absl::InternalError(
@@ -497,22 +742,25 @@ absl::StatusOr<v1::TensorInfo> Client::DownloadWith(
   RunStreams(parts.size(), [&](size_t i) {
     absl::Status status;
     if (i == 0) {
-      status = ReceiveDownload(*first, first_ctx, first_message, ByteRange{0, info.bytes()},
+      status = ReceiveDownload(*first, first_ctx, first_chunk, ByteRange{0, info.bytes()},
                                parts[0].end, sink);
     } else {
       v1::DownloadRequest part_request = request;
       part_request.set_offset(parts[i].begin);
       part_request.set_length(parts[i].size());
       grpc::ClientContext& ctx = group.context(i);
-      std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader =
-          TransferStub(static_cast<int>(i)).Download(&ctx, part_request);
-      v1::DownloadResponse message;
-      if (!reader->Read(&message)) {
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader =
+          StartDownload(TransferChannel(static_cast<int>(i)), ctx, part_request);
+      DownloadChunk chunk;
+      const v1::DownloadResponse& message = chunk.message;
+      absl::Status read_error;
+      if (!ReadChunk(*reader, chunk, &read_error)) {
         grpc::Status finished = reader->Finish();
-        status = finished.ok() ? absl::InternalError(
-                                     absl::StrCat("download: the stream of bytes [", parts[i].begin,
-                                                  ", ", parts[i].end, ") ended without a message"))
-                               : FromGrpc(finished);
+        status = !finished.ok()     ? FromGrpc(finished)
+                 : !read_error.ok() ? read_error
+                                    : absl::InternalError(absl::StrCat(
+                                          "download: the stream of bytes [", parts[i].begin, ", ",
+                                          parts[i].end, ") ended without a message"));
       } else if (message.tensor().handle() != info.handle() ||
                  message.tensor().bytes() != info.bytes()) {
         ctx.TryCancel();
@@ -523,7 +771,7 @@ absl::StatusOr<v1::TensorInfo> Client::DownloadWith(
                          message.tensor().bytes(), " bytes) than the first (\"", info.handle(),
                          "\", ", info.bytes(), " bytes)"));
       } else {
-        status = ReceiveDownload(*reader, ctx, message, parts[i], parts[i].end, sink);
+        status = ReceiveDownload(*reader, ctx, chunk, parts[i], parts[i].end, sink);
       }
     }
     if (!status.ok()) group.Fail(std::move(status));

@@ -29,6 +29,10 @@ ABSL_FLAG(std::string, session, "",
 ABSL_FLAG(int, streams, gpucompute::ClientOptions().streams,
           "Parallel streams, each on a connection of its own, of an upload or download of "
           "64 MiB or more.");
+ABSL_FLAG(int64_t, offload_min_bytes, gpucompute::ClientOptions().offload_min_bytes,
+          "An operation whose inline operands reach this many bytes goes through resident "
+          "tensors over parallel streams (uploaded, run, downloaded, freed); 0: always one "
+          "message.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the random inputs; 0 picks a fresh one.");
 ABSL_FLAG(std::string, dtype, "float32", "Input dtype: float32, float16 or bfloat16.");
 ABSL_FLAG(std::string, out_dtype, "", "Result dtype (default: the input dtype).");
@@ -51,6 +55,7 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   options.session = absl::GetFlag(FLAGS_session);
   options.streams = absl::GetFlag(FLAGS_streams);
+  options.offload_min_bytes = absl::GetFlag(FLAGS_offload_min_bytes);
   return Client::Create(std::move(options));
 }
 

@@ -46,6 +46,7 @@ resident tensors (kept on the server, owned by --session):
 common flags:
   --server=localhost:50051 --timeout=60s --tls --tls_ca --tls_cert --tls_key --tls_server_name
   --session (owner of resident tensors) --streams=4 (parallel streams of transfers >= 64 MiB)
+  --offload_min_bytes=67108864 (operands this large go as resident tensors, parallel streams)
   --dtype=float32|float16|bfloat16 --out_dtype --variant --devices=0,1 --allow_tf32 --seed
   --check (compare with the float64 reference; exit 3 on a mismatch) --repeat=N
   --out=result.npy (--lse_out=lse.npy), inputs from .npy: --a --b --c --x --y --input

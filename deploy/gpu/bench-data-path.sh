@@ -6,7 +6,8 @@
 #   1. GEMM 8192^3 bf16 on resident operands with a resident result: p50
 #      against the kernel time the server measured for it (metrics);
 #   2. GEMM 64^3 on resident operands at concurrency 1: p50;
-#   3. inline (non-resident) GEMM 8192^3 bf16: p50;
+#   3. inline (non-resident) GEMM 8192^3 bf16: p50, as the client sends it
+#      (operands over parallel streams) and as one unary message;
 #   4. upload and download of 1 GiB on 1 stream and on 8;
 #   5. host-to-device staging inside the server (copy bytes over copy time,
 #      from the metrics);
@@ -88,9 +89,33 @@ record "gemm8192_bf16_kernel_mean_ms" \
 cli_on one gemm64_resident bench gemm --m=64 --n=64 --k=64 --dtype=float32 --resident \
   --requests=2000 --warmup=100 --concurrency=1
 record "gemm64_resident_p50_ms" "$(p50_of gemm64_resident)"
+# Where a 64^3 call's time goes: the mean of each stage over these calls
+# (the difference of two scrapes), in microseconds.
+scrape one >"$work/m1b.txt"
+python3 - "$work/m1.txt" "$work/m1b.txt" <<'PY' | while read -r k v; do record "$k" "$v"; done
+import re, sys
+def read(path):
+    t = {}
+    for line in open(path):
+        m = re.match(r'gpucompute_stage_duration_seconds_(sum|count)\{stage="(\w+)"\} (\S+)', line)
+        if m:
+            t[(m.group(2), m.group(1))] = float(m.group(3))
+    return t
+a, b = read(sys.argv[1]), read(sys.argv[2])
+for stage in sorted({k[0] for k in b}):
+    c = b.get((stage, 'count'), 0) - a.get((stage, 'count'), 0)
+    s = b.get((stage, 'sum'), 0) - a.get((stage, 'sum'), 0)
+    if c > 0:
+        print(f"gemm64_stage_{stage}_mean_us {s / c * 1e6:.1f}")
+PY
 cli_on one gemm8k_inline bench gemm --m=8192 --n=8192 --k=8192 --dtype=bfloat16 \
   --requests=10 --warmup=2 --concurrency=1
 record "gemm8192_bf16_inline_p50_ms" "$(p50_of gemm8k_inline)"
+# The same call as one unary message (the client's offload to parallel
+# streams turned off).
+cli_on one gemm8k_message bench gemm --m=8192 --n=8192 --k=8192 --dtype=bfloat16 \
+  --requests=10 --warmup=2 --concurrency=1 --offload_min_bytes=0
+record "gemm8192_bf16_one_message_p50_ms" "$(p50_of gemm8k_message)"
 scrape one >"$work/m2.txt"
 python3 - "$work/m2.txt" <<'PY' | while read -r k v; do record "$k" "$v"; done
 import re, sys

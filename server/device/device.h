@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,11 @@
 #include "server/core/planner.h"
 
 namespace gpucompute {
+
+// Host bytes to copy from, in ranges: copy(at, n, dst) copies the source's
+// bytes [at, at + n) to dst. It may be called from several threads at once
+// for disjoint ranges.
+using HostSource = std::function<void(int64_t at, int64_t n, void* dst)>;
 
 // What a device is; reported by GetServerInfo.
 struct DeviceDescription {
@@ -126,6 +132,11 @@ class Device {
   // `*seconds` when not null. REQUIRES: offset + n <= buffer.bytes().
   virtual absl::Status Write(DeviceBuffer& buffer, int64_t offset, const void* src, int64_t n,
                              double* seconds = nullptr) = 0;
+  // Write from bytes that are not in one piece (a message's slices): the
+  // same as Write, the host bytes copied out of `src` in ranges, possibly
+  // from several threads at once. The default gathers them first.
+  virtual absl::Status WriteFrom(DeviceBuffer& buffer, int64_t offset, int64_t n,
+                                 const HostSource& src, double* seconds = nullptr);
   // Copies `n` bytes of `buffer` (one of this device's) from byte `offset`
   // to host memory at `dst`. REQUIRES: offset + n <= buffer.bytes().
   virtual absl::Status Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,

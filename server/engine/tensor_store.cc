@@ -298,6 +298,13 @@ absl::Status TensorStore::Write(ResidentTensor& tensor, int64_t offset, const vo
   return devices_[tensor.device()]->Write(tensor.buffer(), offset, src, n, seconds);
 }
 
+absl::Status TensorStore::WriteFrom(ResidentTensor& tensor, int64_t offset, int64_t n,
+                                    const HostSource& src, double* seconds) {
+  tensor.Touch();
+  if (n == 0) return absl::OkStatus();
+  return devices_[tensor.device()]->WriteFrom(tensor.buffer(), offset, n, src, seconds);
+}
+
 absl::Status TensorStore::Read(const ResidentTensor& tensor, int64_t offset, void* dst, int64_t n,
                                double* seconds) {
   tensor.Touch();

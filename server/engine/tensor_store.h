@@ -163,6 +163,9 @@ class TensorStore {
                      double* seconds);
   absl::Status Read(const ResidentTensor& tensor, int64_t offset, void* dst, int64_t n,
                     double* seconds);
+  // Write from bytes in ranges (Device::WriteFrom).
+  absl::Status WriteFrom(ResidentTensor& tensor, int64_t offset, int64_t n, const HostSource& src,
+                         double* seconds);
 
   ResidentInfo Info(const ResidentTensor& tensor) const;
 

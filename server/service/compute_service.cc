@@ -21,6 +21,11 @@ namespace {
 
 // Longest BatchRequest.id accepted (it is echoed in the answer).
 constexpr size_t kMaxBatchIdBytes = 1024;
+// A unary request at most this large (resident operands, small inline ones)
+// runs on the gRPC thread that received it while fewer than kMaxInlineOps
+// others do: the hop to a worker thread costs more than a small operation.
+constexpr size_t kInlineRequestBytes = size_t{64} << 10;
+constexpr int kMaxInlineOps = 2;
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
@@ -233,7 +238,14 @@ grpc::ServerUnaryReactor* ComputeService::RunUnary(absl::string_view method,
   BeginOp();
   EnterQueue();
   auto* reactor = new UnaryReactor(metrics_);
-  pool_->Schedule([this, method, call, request, response, reactor] {
+  bool run_here = false;
+  if (request->ByteSizeLong() <= kInlineRequestBytes) {
+    int running = inline_ops_.load();
+    while (running < kMaxInlineOps && !run_here) {
+      run_here = inline_ops_.compare_exchange_weak(running, running + 1);
+    }
+  }
+  auto body = [this, method, call, request, response, reactor] {
     Admission::Ticket ticket;
     const absl::Status status = Execute(*request, response, call, &ticket);
     if (status.ok()) metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
@@ -244,7 +256,13 @@ grpc::ServerUnaryReactor* ComputeService::RunUnary(absl::string_view method,
     reactor->Finish(ToGrpcStatus(status));
     ReleaseTicket(ticket);
     EndOp();
-  });
+  };
+  if (run_here) {
+    body();
+    inline_ops_.fetch_sub(1);
+  } else {
+    pool_->Schedule(std::move(body));
+  }
   return reactor;
 }
 

@@ -42,7 +42,12 @@ struct ServiceOptions {
   int64_t batch_window_bytes = int64_t{1} << 30;
 };
 
-class ComputeService final : public v1::Compute::CallbackService {
+// Upload and Download are served raw: their chunks' bytes go between gRPC's
+// slices and the tensor without protobuf copying them (proto/wire.h).
+using ComputeServiceBase = v1::Compute::WithRawCallbackMethod_Upload<
+    v1::Compute::WithRawCallbackMethod_Download<v1::Compute::CallbackService>>;
+
+class ComputeService final : public ComputeServiceBase {
  public:
   // Borrows everything; all of it must outlive the service and every call
   // it has started (the server drains calls and the pool first).
@@ -82,10 +87,12 @@ class ComputeService final : public v1::Compute::CallbackService {
   grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse>* Batch(
       grpc::CallbackServerContext* context) override;
   // Resident tensors (transfer.cc holds the streams).
-  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* context,
-                                                     v1::UploadResponse* response) override;
-  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(
-      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  // Upload: UploadRequest messages in, an UploadResponse out.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(grpc::CallbackServerContext* context,
+                                                    grpc::ByteBuffer* response) override;
+  // Download: a DownloadRequest in, DownloadResponse messages out.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
                                  const v1::FreeRequest* request,
                                  v1::FreeResponse* response) override;
@@ -176,6 +183,8 @@ class ComputeService final : public v1::Compute::CallbackService {
   Metrics* const metrics_;
   const ServiceOptions options_;
   std::atomic<bool> draining_{false};
+  // Operations running on gRPC's threads now (RunUnary: small requests).
+  std::atomic<int> inline_ops_{0};
   // Multi-part uploads in progress, by owner and upload_id.
   absl::Mutex uploads_mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<UploadAssembly>> uploads_

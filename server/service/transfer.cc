@@ -1,7 +1,9 @@
 // The resident-tensor streams: Upload (client streaming, one or several
 // parts of one tensor in chunks) and Download (server streaming, a byte range
-// in chunks). Each chunk goes between the message and the device's memory
-// (Device::Write / Read, staged through pinned memory on a GPU) while gRPC
+// in chunks). Both are served raw (proto/wire.h): an uploaded chunk's bytes
+// go from gRPC's slices straight into the device's memory (Device::WriteFrom,
+// staged through pinned memory on a GPU), and a downloaded chunk is read
+// into a buffer that gRPC sends as it is. Each chunk is copied while gRPC
 // receives or sends the next: the reactor keeps one read or write in flight
 // while it copies the previous or next chunk.
 #include <algorithm>
@@ -12,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "proto/wire.h"
 #include "server/common/status_macros.h"
 #include "server/service/compute_service.h"
 #include "server/service/convert.h"
@@ -24,6 +27,8 @@ constexpr int kMaxParts = 64;
 // Download chunks: the default, and the bounds of what a client may ask.
 constexpr int64_t kDefaultChunkBytes = int64_t{4} << 20;
 constexpr int64_t kMaxChunkBytes = int64_t{64} << 20;
+// Chunk bytes at least this long stay in gRPC's slices until copied.
+constexpr int64_t kExternalBytes = int64_t{16} << 10;
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
@@ -142,10 +147,10 @@ class ComputeService::UploadAssembly {
 
 // One Upload stream: reads the header, then chunk after chunk, each written
 // into the tensor while the next is being received.
-class ComputeService::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   UploadReactor(ComputeService* service, grpc::CallbackServerContext* context,
-                v1::UploadResponse* response)
+                grpc::ByteBuffer* response)
       : service_(service), context_(context), response_(response), owner_(OwnerOf(*context)) {
     service_->metrics_->RequestStarted();
     StartRead(&incoming_);
@@ -159,17 +164,21 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<v1::U
         failed = EndOfStream();
       } else {
         // One message at a time is copied; the next is received meanwhile.
-        v1::UploadRequest chunk;
-        chunk.Swap(&incoming_);
+        grpc::ByteBuffer raw;
+        raw.Swap(&incoming_);
         if (first_ == absl::InfinitePast()) first_ = absl::Now();
-        if (assembly_ == nullptr) {
+        v1::UploadRequest chunk;
+        std::vector<wire::ExternalField> external;
+        failed = wire::Parse(raw, &chunk, &external, kExternalBytes, "request");
+        if (!failed.ok()) {
+        } else if (assembly_ == nullptr) {
           failed = Begin(chunk);
         } else if (chunk.has_header()) {
           failed = Invalid("header", "only the first message of a stream carries one");
         }
         if (failed.ok() && !aborted_) {
           StartRead(&incoming_);
-          failed = Copy(chunk);
+          failed = Copy(chunk, external);
         }
       }
       if (!failed.ok()) failed = Abort(failed);
@@ -201,9 +210,11 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<v1::U
   // failed it, for a stream no longer reading.
   void Complete(const absl::StatusOr<ResidentInfo>& info) {
     if (info.ok()) {
-      ToProto(*info, response_->mutable_tensor());
-      response_->set_receive_seconds(receive_seconds_);
-      response_->set_host_to_device_seconds(h2d_seconds_);
+      v1::UploadResponse response;
+      ToProto(*info, response.mutable_tensor());
+      response.set_receive_seconds(receive_seconds_);
+      response.set_host_to_device_seconds(h2d_seconds_);
+      *response_ = wire::Serialize(response);
     }
     FinishOnce(info.status());
   }
@@ -245,9 +256,13 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<v1::U
     return assembly_->AddPart(begin_, end_);
   }
 
-  // Writes one chunk's bytes where they belong.
-  absl::Status Copy(const v1::UploadRequest& chunk) {
-    const int64_t n = static_cast<int64_t>(chunk.data().size());
+  // Writes one chunk's bytes where they belong: from the message, or (a
+  // large chunk) straight from gRPC's slices.
+  absl::Status Copy(const v1::UploadRequest& chunk,
+                    const std::vector<wire::ExternalField>& external) {
+    const wire::SliceBytes* slices = external.empty() ? nullptr : &external.front().bytes;
+    const int64_t n =
+        slices != nullptr ? slices->size() : static_cast<int64_t>(chunk.data().size());
     if (n == 0) return absl::OkStatus();
     if (chunk.offset() != next_) {
       return Invalid("offset",
@@ -260,8 +275,15 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<v1::U
       return Invalid("data", absl::StrCat("bytes [", next_, ", ", next_ + n,
                                           ") pass the end of the stream's part at ", end_));
     }
-    RETURN_IF_ERROR(
-        service_->engine_->store().Write(*tensor_, next_, chunk.data().data(), n, &h2d_seconds_));
+    if (slices != nullptr) {
+      RETURN_IF_ERROR(service_->engine_->store().WriteFrom(
+          *tensor_, next_, n,
+          [slices](int64_t at, int64_t len, void* dst) { slices->CopyTo(at, len, dst); },
+          &h2d_seconds_));
+    } else {
+      RETURN_IF_ERROR(
+          service_->engine_->store().Write(*tensor_, next_, chunk.data().data(), n, &h2d_seconds_));
+    }
     next_ += n;
     service_->metrics_->AddReceivedBytes(n);
     service_->metrics_->AddUploadedBytes(n);
@@ -329,10 +351,10 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<v1::U
 
   ComputeService* const service_;
   grpc::CallbackServerContext* const context_;
-  v1::UploadResponse* const response_;
+  grpc::ByteBuffer* const response_;
   const std::string owner_;
   const absl::Time accepted_ = absl::Now();
-  v1::UploadRequest incoming_;  // the read in flight
+  grpc::ByteBuffer incoming_;  // the read in flight
 
   absl::Mutex copy_mu_;  // chunks are copied one at a time, in order
   bool aborted_ = false;
@@ -389,33 +411,53 @@ std::shared_ptr<ResidentTensor> ComputeService::FinishUpload(
   return assembly->Tensor();
 }
 
-// One Download stream: the byte range in chunks, each read from the device
-// once the previous one is handed to gRPC.
-class ComputeService::DownloadReactor final
-    : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+// One Download stream: the byte range in chunks. Each chunk is read from the
+// device into a buffer of its own that gRPC sends without a copy; the next
+// chunk is read while the previous one is being sent (one write in flight,
+// one chunk ready behind it).
+class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadReactor(ComputeService* service, grpc::CallbackServerContext* context,
-                  const v1::DownloadRequest& request)
+                  const grpc::ByteBuffer& request)
       : service_(service) {
     service_->metrics_->RequestStarted();
     absl::Status status = Start(OwnerOf(*context), request);
-    if (status.ok()) status = SendNext();
-    if (!status.ok()) Done(status);
+    if (!status.ok()) {
+      Done(status);
+      return;
+    }
+    Pump();
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Done(absl::CancelledError("the download stream broke"));
+    bool finish = false, write = false;
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        if (error_.ok()) error_ = absl::CancelledError("the download stream broke");
+      } else {
+        service_->metrics_->AddSentBytes(writing_bytes_);
+        service_->metrics_->AddDownloadedBytes(writing_bytes_);
+        if (ready_.has_value() && error_.ok()) {
+          TakeChunk(std::move(*ready_));
+          ready_.reset();
+          write = true;
+        }
+      }
+      if (!writing_ && !preparing_ && (!error_.ok() || (next_ >= end_ && !ready_.has_value()))) {
+        finish = true;
+        status = error_;
+        if (status.ok()) service_->metrics_->ObserveStage("send", SecondsSince(started_));
+      }
+    }
+    if (write) StartWrite(&in_flight_);
+    if (finish) {
+      Done(status);
       return;
     }
-    service_->metrics_->AddSentBytes(sent_bytes_);
-    service_->metrics_->AddDownloadedBytes(sent_bytes_);
-    if (next_ >= end_) {
-      service_->metrics_->ObserveStage("send", SecondsSince(started_));
-      Done(absl::OkStatus());
-      return;
-    }
-    if (absl::Status status = SendNext(); !status.ok()) Done(status);
+    Pump();
   }
 
   void OnDone() override {
@@ -424,7 +466,17 @@ class ComputeService::DownloadReactor final
   }
 
  private:
-  absl::Status Start(const std::string& owner, const v1::DownloadRequest& request) {
+  struct Chunk {
+    grpc::ByteBuffer message;
+    int64_t bytes = 0;
+  };
+
+  absl::Status Start(const std::string& owner, const grpc::ByteBuffer& raw) {
+    v1::DownloadRequest request;
+    std::vector<wire::ExternalField> external;
+    RETURN_IF_ERROR(
+        wire::Parse(raw, &request, &external, wire::kDefaultMinExternalBytes, "request"));
+    wire::Materialize(&external);
     ASSIGN_OR_RETURN(tensor_,
                      service_->engine_->store().Acquire(owner, request.handle(), "handle"));
     const int64_t size = tensor_->bytes();
@@ -448,24 +500,78 @@ class ComputeService::DownloadReactor final
     return absl::OkStatus();
   }
 
-  // Reads the next chunk (after the tensor's description, in the first) and
-  // starts writing it.
-  absl::Status SendNext() {
-    message_.Clear();
-    if (first_) {
-      ToProto(service_->engine_->store().Info(*tensor_), message_.mutable_tensor());
-      first_ = false;
+  // Reads chunks while there is room for one behind the write in flight,
+  // starting each write that can start. Only one thread reads at a time.
+  void Pump() {
+    while (true) {
+      int64_t offset, n;
+      bool first;
+      {
+        absl::MutexLock lock(&mu_);
+        if (preparing_ || !error_.ok() || ready_.has_value() || (next_ >= end_ && !first_)) return;
+        preparing_ = true;
+        offset = next_;
+        n = std::min(chunk_, end_ - next_);
+        first = first_;
+        first_ = false;
+        next_ += n;
+      }
+      absl::StatusOr<Chunk> chunk = Read(offset, n, first);
+      bool finish = false, write = false;
+      absl::Status status;
+      {
+        absl::MutexLock lock(&mu_);
+        preparing_ = false;
+        if (!chunk.ok()) {
+          if (error_.ok()) error_ = chunk.status();
+        } else if (error_.ok()) {
+          if (!writing_) {
+            TakeChunk(std::move(*chunk));
+            write = true;
+          } else {
+            ready_ = std::move(*chunk);
+          }
+        }
+        if (!error_.ok() && !writing_) {
+          finish = true;
+          status = error_;
+        }
+      }
+      if (write) StartWrite(&in_flight_);
+      if (finish) {
+        Done(status);
+        return;
+      }
     }
-    const int64_t n = std::min(chunk_, end_ - next_);
-    message_.set_offset(next_);
-    std::string* data = message_.mutable_data();
-    data->resize(size_t(n));
-    RETURN_IF_ERROR(
-        service_->engine_->store().Read(*tensor_, next_, data->data(), n, &d2h_seconds_));
-    next_ += n;
-    sent_bytes_ = n;
-    StartWrite(&message_);
-    return absl::OkStatus();
+  }
+
+  // The message of the bytes [offset, offset + n), with the tensor's
+  // description in the first.
+  absl::StatusOr<Chunk> Read(int64_t offset, int64_t n, bool first) {
+    v1::DownloadResponse message;
+    if (first) ToProto(service_->engine_->store().Info(*tensor_), message.mutable_tensor());
+    message.set_offset(offset);
+    std::shared_ptr<char[]> data(new char[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+    double seconds = 0;
+    RETURN_IF_ERROR(service_->engine_->store().Read(*tensor_, offset, data.get(), n, &seconds));
+    {
+      absl::MutexLock lock(&mu_);
+      d2h_seconds_ += seconds;
+    }
+    Chunk chunk;
+    chunk.bytes = n;
+    chunk.message = wire::Serialize(
+        message,
+        {{{wire::Field(v1::DownloadResponse::descriptor(), "data")}, data.get(), n, data}});
+    return chunk;
+  }
+
+  // Makes `chunk` the write in flight; the caller starts it once mu_ is
+  // released (in_flight_ is not touched until OnWriteDone).
+  void TakeChunk(Chunk chunk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writing_ = true;
+    writing_bytes_ = chunk.bytes;
+    in_flight_ = std::move(chunk.message);
   }
 
   void Done(const absl::Status& status) {
@@ -476,22 +582,29 @@ class ComputeService::DownloadReactor final
   ComputeService* const service_;
   const absl::Time accepted_ = absl::Now();
   std::shared_ptr<ResidentTensor> tensor_;
-  int64_t chunk_ = kDefaultChunkBytes, next_ = 0, end_ = 0;
-  bool first_ = true;
-  v1::DownloadResponse message_;  // being written
-  int64_t sent_bytes_ = 0;
-  double d2h_seconds_ = 0;
+  int64_t chunk_ = kDefaultChunkBytes, end_ = 0;
   absl::Time started_ = absl::InfinitePast();
   absl::StatusCode final_code_ = absl::StatusCode::kOk;
+
+  absl::Mutex mu_;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool first_ ABSL_GUARDED_BY(mu_) = true;
+  bool preparing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ByteBuffer in_flight_;  // being written (owned by the write while writing_)
+  std::optional<Chunk> ready_ ABSL_GUARDED_BY(mu_);  // read, waiting for the write
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  double d2h_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-grpc::ServerReadReactor<v1::UploadRequest>* ComputeService::Upload(
-    grpc::CallbackServerContext* context, v1::UploadResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* ComputeService::Upload(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new UploadReactor(this, context, response);
 }
 
-grpc::ServerWriteReactor<v1::DownloadResponse>* ComputeService::Download(
-    grpc::CallbackServerContext* context, const v1::DownloadRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ComputeService::Download(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new DownloadReactor(this, context, *request);
 }
 

@@ -856,6 +856,119 @@ TEST_F(ResidentTest, CliResidentOperationsCheckAndFreeEverything) {
 }
 
 // A quota: a cancelled upload gives its room back.
+// Large inline operands go through resident tensors (ClientOptions::
+// offload_min_bytes): the caller sees the answer one message would have
+// given, and the server keeps nothing afterwards.
+TEST_F(ResidentTest, OffloadedOperationsAnswerAsOneMessageAndLeaveNothing) {
+  ClientOptions options;
+  options.target = server_->address();
+  options.session = Session("offload");
+  options.streams = 3;
+  options.chunk_bytes = 4 * kKiB;
+  options.parallel_min_bytes = 0;
+  options.offload_min_bytes = 1;
+  std::unique_ptr<Client> offload = *Client::Create(options);
+  options.session = Session("plain");
+  options.offload_min_bytes = 0;
+  std::unique_ptr<Client> plain = *Client::Create(options);
+
+  auto same = [](const v1::Tensor& got, const v1::Tensor& want, const std::string& what) {
+    EXPECT_TRUE(got.handle().empty()) << what;
+    EXPECT_EQ(got.dtype(), want.dtype()) << what;
+    EXPECT_EQ(ShapeOf(got), ShapeOf(want)) << what;
+    EXPECT_EQ(FirstDifference(got.data(), want.data()), -1) << what;
+  };
+  for (v1::DType dtype : kAllDTypes) {
+    const std::string name = DTypeName(dtype);
+    GemmCase g;
+    g.m = 37, g.n = 29, g.k = 41, g.beta = 0.5;
+    const v1::GemmRequest gemm = MakeGemm(dtype, g);
+    auto a = offload->Gemm(gemm), b = plain->Gemm(gemm);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+    same(a->c(), b->c(), "gemm " + name);
+    EXPECT_GT(a->timings().shards_size(), 0);
+
+    AttentionCase at;
+    at.heads_q = 4, at.heads_kv = 2, at.seq_q = 19, at.seq_kv = 23, at.head_dim = 32, at.lse = true,
+    at.causal = true;
+    const v1::AttentionRequest attention = MakeAttention(dtype, at);
+    auto c = offload->Attention(attention), d = plain->Attention(attention);
+    ASSERT_TRUE(c.ok() && d.ok()) << c.status() << " " << d.status();
+    same(c->o(), d->o(), "attention o " + name);
+    same(c->lse(), d->lse(), "attention lse " + name);
+
+    const v1::ReduceRequest reduce = MakeReduce(dtype, {7, 130}, v1::SUM, 1);
+    auto e = offload->Reduce(reduce), f = plain->Reduce(reduce);
+    ASSERT_TRUE(e.ok() && f.ok()) << e.status() << " " << f.status();
+    same(e->output(), f->output(), "reduce " + name);
+
+    const v1::TransposeRequest transpose = MakeTranspose(dtype, {5, 6, 7}, {2, 0, 1});
+    auto h = offload->Transpose(transpose), i = plain->Transpose(transpose);
+    ASSERT_TRUE(h.ok() && i.ok()) << h.status() << " " << i.status();
+    same(h->output(), i->output(), "transpose " + name);
+
+    GemvCase gv;
+    gv.m = 33, gv.k = 17, gv.beta = 1;
+    const v1::GemvRequest gemv = MakeGemv(dtype, gv);
+    auto j = offload->Gemv(gemv), k = plain->Gemv(gemv);
+    ASSERT_TRUE(j.ok() && k.ok()) << j.status() << " " << k.status();
+    same(j->y(), k->y(), "gemv " + name);
+  }
+  EXPECT_TRUE(HoldsNothing(*offload));
+
+  // Keeping the result keeps only the result.
+  GemmCase g;
+  g.m = 8, g.n = 8, g.k = 8;
+  v1::GemmRequest keep = MakeGemm(v1::FLOAT32, g);
+  keep.mutable_options()->set_keep_output(true);
+  auto kept = offload->Gemm(keep);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_FALSE(kept->c().handle().empty());
+  auto list = offload->ListTensors();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->tensors_size(), 1);
+  EXPECT_EQ(list->tensors(0).handle(), kept->c().handle());
+  ASSERT_TRUE(offload->Free({kept->c().handle()}).ok());
+
+  // A request the server refuses gets the same answer either way, and
+  // leaves nothing behind.
+  GemmCase bad;
+  bad.m = 4, bad.n = 4, bad.k = 8;
+  v1::GemmRequest mismatched = MakeGemm(v1::FLOAT32, bad);
+  mismatched.mutable_b()->set_shape(0, 9);
+  mismatched.mutable_b()->set_data(std::string(9 * 4 * 4, '\0'));
+  auto refused = offload->Gemm(mismatched), refused_plain = plain->Gemm(mismatched);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(refused.status(), refused_plain.status());
+  EXPECT_TRUE(HoldsNothing(*offload));
+}
+
+// Where uploads are refused (a full quota), the call goes as one message.
+TEST(ResidentOffloadTest, FallsBackToOneMessageWhenUploadsAreRefused) {
+  auto server = ServerProcess::Start({"--resident_quota_bytes=1024"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions options;
+  options.target = (*server)->address();
+  options.session = "small-quota";
+  options.offload_min_bytes = 1;
+  auto client = *Client::Create(options);
+  const v1::TransposeRequest transpose = MakeTranspose(v1::FLOAT32, {64, 48}, {1, 0});
+  auto result = client->Transpose(transpose);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::Tensor& in = transpose.input();
+  ASSERT_EQ(ShapeOf(result->output()), (std::vector<int64_t>{48, 64}));
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < 48; ++j) {
+      ASSERT_EQ(std::memcmp(result->output().data().data() + 4 * (j * 64 + i),
+                            in.data().data() + 4 * (i * 48 + j), 4),
+                0);
+    }
+  }
+  auto list = client->ListTensors();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->tensors_size(), 0);
+}
+
 TEST(ResidentQuotaTest, ACancelledUploadGivesItsRoomBack) {
   auto server = ServerProcess::Start({"--resident_quota_bytes=" + std::to_string(48 * kMiB)});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -991,14 +1104,33 @@ TEST(ResidentLargeTest, EightGiBRoundTripThroughTranspose) {
   int64_t checked = 0;
   auto output = client->DownloadTo(
       transposed->output().handle(), [&](int64_t offset, const char* data, int64_t size) {
-        if (offset % 4 != 0 || size % 4 != 0) {
-          return absl::InternalError(absl::StrCat("chunk [", offset, ", +", size, ") unaligned"));
+        // Pieces come as they arrived, not cut at elements: the bytes of a
+        // split element are checked one by one.
+        auto expected = [](int64_t element) {
+          const int64_t i = element / kRows, j = element % kRows;
+          return Element(j * kCols + i);
+        };
+        int64_t pos = offset;
+        const char* p = data;
+        const char* const end = data + size;
+        auto check_byte = [&]() -> absl::Status {
+          const auto want = static_cast<uint8_t>(expected(pos / 4) >> (8 * (pos % 4)));
+          if (static_cast<uint8_t>(*p) != want) {
+            return absl::DataLossError(absl::StrCat("output byte ", pos, " is ", int(uint8_t(*p)),
+                                                    ", expected ", int(want)));
+          }
+          ++pos;
+          ++p;
+          return absl::OkStatus();
+        };
+        while (p < end && pos % 4 != 0) {
+          if (absl::Status s = check_byte(); !s.ok()) return s;
         }
-        const int64_t first = offset / 4;
-        int64_t i = first / kRows, j = first % kRows;
-        for (int64_t k = 0; k < size / 4; ++k) {
+        int64_t element = pos / 4;
+        int64_t i = element / kRows, j = element % kRows;
+        for (; end - p >= 4; p += 4, pos += 4) {
           uint32_t got;
-          std::memcpy(&got, data + 4 * k, 4);
+          std::memcpy(&got, p, 4);
           const uint32_t want = Element(j * kCols + i);
           if (got != want) {
             return absl::DataLossError(
@@ -1008,6 +1140,9 @@ TEST(ResidentLargeTest, EightGiBRoundTripThroughTranspose) {
             j = 0;
             ++i;
           }
+        }
+        while (p < end) {
+          if (absl::Status s = check_byte(); !s.ok()) return s;
         }
         absl::MutexLock lock(&mu);
         checked += size;

@@ -138,6 +138,17 @@ absl::Status CpuDevice::Write(DeviceBuffer& buffer, int64_t offset, const void* 
   return absl::OkStatus();
 }
 
+absl::Status CpuDevice::WriteFrom(DeviceBuffer& buffer, int64_t offset, int64_t n,
+                                  const HostSource& src, double* seconds) {
+  const auto start = Clock::now();
+  char* dst = static_cast<char*>(buffer.data()) + offset;
+  constexpr int64_t kPiece = int64_t{4} << 20;
+  pool_->ParallelRange(0, n, kPiece, pool_->size(),
+                       [&](int64_t b, int64_t e) { src(b, e - b, dst + b); });
+  if (seconds != nullptr) *seconds += SecondsSince(start);
+  return absl::OkStatus();
+}
+
 absl::Status CpuDevice::Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
                              double* seconds) {
   const auto start = Clock::now();

@@ -43,6 +43,8 @@ class CpuDevice : public Device {
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> Allocate(int64_t bytes) override;
   absl::Status Write(DeviceBuffer& buffer, int64_t offset, const void* src, int64_t n,
                      double* seconds) override;
+  absl::Status WriteFrom(DeviceBuffer& buffer, int64_t offset, int64_t n, const HostSource& src,
+                         double* seconds) override;
   absl::Status Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
                     double* seconds) override;
   bool ReadsInPlace(int index) const override { return true; }

@@ -279,6 +279,15 @@ absl::Status CudaDevice::Write(DeviceBuffer& buffer, int64_t offset, const void*
   return absl::OkStatus();
 }
 
+absl::Status CudaDevice::WriteFrom(DeviceBuffer& buffer, int64_t offset, int64_t n,
+                                   const HostSource& src, double* seconds) {
+  ShardScope scope(this);
+  RETURN_IF_ERROR(scope.UploadFrom(Ptr(buffer.data(), offset), size_t(n), src));
+  RETURN_IF_ERROR(Check(cudaStreamSynchronize(scope.stream()), "resident write"));
+  if (seconds != nullptr) *seconds += scope.Run("").h2d_seconds;
+  return absl::OkStatus();
+}
+
 absl::Status CudaDevice::Read(const DeviceBuffer& buffer, int64_t offset, void* dst, int64_t n,
                               double* seconds) {
   ShardScope scope(this);

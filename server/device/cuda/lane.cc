@@ -51,8 +51,8 @@ constexpr size_t kCopyPiece = size_t{1} << 20;
 
 }  // namespace
 
-void Lane::Gather(void* dense, const void* rows_base, size_t row_bytes, size_t pitch,
-                  size_t offset, size_t n) {
+void Lane::Gather(void* dense, const void* rows_base, size_t row_bytes, size_t pitch, size_t offset,
+                  size_t n) {
   if (copier_ == nullptr || n < 2 * kCopyPiece) {
     GatherRows(dense, rows_base, row_bytes, pitch, offset, n);
     return;
@@ -77,8 +77,8 @@ void Lane::Scatter(void* rows_base, const void* dense, size_t row_bytes, size_t 
                          });
 }
 
-absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_bytes,
-                                                   int num_buffers, ThreadPool* copier) {
+absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_bytes, int num_buffers,
+                                                   ThreadPool* copier) {
   std::unique_ptr<Lane> lane(new Lane());
   lane->ordinal_ = ordinal;
   lane->copier_ = copier;
@@ -117,7 +117,26 @@ Lane::~Lane() {
 
 absl::Status Lane::Upload(void* dst, const void* src, size_t rows, size_t row_bytes,
                           size_t src_pitch) {
-  const size_t total = rows * row_bytes;
+  return Stage(dst, rows * row_bytes, [&](void* pinned, size_t offset, size_t n) {
+    Gather(pinned, src, row_bytes, src_pitch, offset, n);
+  });
+}
+
+absl::Status Lane::UploadFrom(void* dst, size_t n, const HostSource& src) {
+  return Stage(dst, n, [&](void* pinned, size_t offset, size_t len) {
+    if (copier_ == nullptr || len < 2 * kCopyPiece) {
+      src(int64_t(offset), int64_t(len), pinned);
+      return;
+    }
+    copier_->ParallelRange(0, int64_t(len), int64_t(kCopyPiece), copier_->size(),
+                           [&](int64_t b, int64_t e) {
+                             src(int64_t(offset) + b, e - b, static_cast<char*>(pinned) + b);
+                           });
+  });
+}
+
+absl::Status Lane::Stage(void* dst, size_t total,
+                         const std::function<void(void*, size_t, size_t)>& fill) {
   const size_t nb = buffers_.size();
   for (size_t off = 0, i = 0; off < total; off += chunk_bytes_, ++i) {
     const size_t b = i % nb;
@@ -127,7 +146,7 @@ absl::Status Lane::Upload(void* dst, const void* src, size_t rows, size_t row_by
         return s;
       pending_[b] = false;
     }
-    Gather(buffers_[b], src, row_bytes, src_pitch, off, n);
+    fill(buffers_[b], off, n);
     if (absl::Status s = CudaStatus(cudaMemcpyAsync(static_cast<char*>(dst) + off, buffers_[b], n,
                                                     cudaMemcpyHostToDevice, stream_),
                                     "host-to-device copy");

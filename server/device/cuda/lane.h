@@ -7,10 +7,12 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/device/device.h"
 #include "server/device/thread_pool.h"
 
 namespace gpucompute::cuda {
@@ -40,6 +42,9 @@ class Lane {
   // chunk i+1 overlaps the DMA of chunk i. Returns once every chunk is
   // enqueued: `src` may be reused then, dst is valid in stream order.
   absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t src_pitch);
+  // The same for `n` bytes copied out of `src` (in ranges, on the copy
+  // threads) into the pinned buffers.
+  absl::Status UploadFrom(void* dst, size_t n, const HostSource& src);
 
   // Copies dense device memory at src (in stream order after prior work) into
   // `rows` host rows of `row_bytes` each (row i at dst + i * dst_pitch).
@@ -56,6 +61,11 @@ class Lane {
 
   // Copies n bytes of the row stream (see GatherRows) between host memory and
   // a pinned buffer, in parallel pieces on copier_.
+  // Fills the pinned buffers chunk by chunk (fill(pinned, offset, n)) and
+  // enqueues each chunk's DMA to dst + offset; the fill of chunk i+1
+  // overlaps the DMA of chunk i.
+  absl::Status Stage(void* dst, size_t total,
+                     const std::function<void(void*, size_t, size_t)>& fill);
   void Gather(void* dense, const void* rows_base, size_t row_bytes, size_t pitch, size_t offset,
               size_t n);
   void Scatter(void* rows_base, const void* dense, size_t row_bytes, size_t pitch, size_t offset,

@@ -53,6 +53,15 @@ absl::Status ShardScope::Upload(void* dst, const void* src, size_t rows, size_t 
   return s;
 }
 
+absl::Status ShardScope::UploadFrom(void* dst, size_t n, const HostSource& src) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = lane_->UploadFrom(dst, n, src);
+  h2d_seconds_ += SecondsSince(start);
+  h2d_bytes_ += double(n);
+  if (!s.ok()) (void)device_->Check(cudaGetLastError(), s.message());
+  return s;
+}
+
 absl::Status ShardScope::Download(void* dst, size_t pitch, const void* src, size_t rows,
                                   size_t row_bytes) {
   RETURN_IF_ERROR(device_->Check(cudaStreamSynchronize(lane_->stream()), "work before a download"));
@@ -171,8 +180,7 @@ absl::Status ShardScope::WriteOut(const OutputView& out, int64_t offset, size_t 
 }
 
 absl::Status ShardScope::BeginKernels() {
-  return device_->Check(cudaEventRecord(lane_->kernel_begin(), lane_->stream()),
-                        "cudaEventRecord");
+  return device_->Check(cudaEventRecord(lane_->kernel_begin(), lane_->stream()), "cudaEventRecord");
 }
 
 absl::Status ShardScope::EndKernels(cudaError_t launch, absl::string_view what) {
@@ -183,8 +191,9 @@ absl::Status ShardScope::EndKernels(cudaError_t launch, absl::string_view what) 
 absl::Status ShardScope::AddKernelTime() {
   RETURN_IF_ERROR(device_->Check(cudaEventSynchronize(lane_->kernel_end()), "kernel completion"));
   float ms = 0;
-  RETURN_IF_ERROR(device_->Check(cudaEventElapsedTime(&ms, lane_->kernel_begin(), lane_->kernel_end()),
-                                 "cudaEventElapsedTime"));
+  RETURN_IF_ERROR(
+      device_->Check(cudaEventElapsedTime(&ms, lane_->kernel_begin(), lane_->kernel_end()),
+                     "cudaEventElapsedTime"));
   kernel_seconds_ += ms * 1e-3;
   return absl::OkStatus();
 }

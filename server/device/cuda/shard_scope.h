@@ -42,6 +42,8 @@ class ShardScope {
 
   // Lane::Upload, with its time and bytes accounted as host to device.
   absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t pitch);
+  // Lane::UploadFrom, accounted the same way.
+  absl::Status UploadFrom(void* dst, size_t n, const HostSource& src);
 
   // Lane::Download, with its time and bytes accounted as device to host. The
   // work queued before it (the kernels) finishes first, so that the time is

@@ -1,0 +1,375 @@
+#include "proto/wire.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpucompute::wire {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+// Protobuf's own bound on message nesting.
+constexpr int kMaxDepth = 100;
+
+enum WireType : uint32_t {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLengthDelimited = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5,
+};
+
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+void AppendTag(int number, WireType type, std::string* out) {
+  AppendVarint((static_cast<uint64_t>(number) << 3) | type, out);
+}
+
+int VarintSize(uint64_t value) {
+  int n = 1;
+  while (value >= 0x80) {
+    value >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Reads the bytes of a message that arrived as a list of slices.
+class Cursor {
+ public:
+  explicit Cursor(const std::vector<grpc::Slice>& slices) : slices_(slices) {
+    for (const grpc::Slice& s : slices_) size_ += static_cast<int64_t>(s.size());
+    Settle();
+  }
+
+  int64_t position() const { return position_; }
+  int64_t size() const { return size_; }
+
+  bool ReadByte(uint8_t* byte) {
+    if (position_ >= size_) return false;
+    *byte = slices_[index_].begin()[offset_];
+    Advance(1);
+    return true;
+  }
+
+  bool ReadVarint(uint64_t* value) {
+    uint64_t result = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t byte;
+      if (!ReadByte(&byte)) return false;
+      result |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) {
+        *value = result;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The next n bytes as references to the slices.
+  // REQUIRES: n <= size() - position().
+  void Take(int64_t n, SliceBytes* out) {
+    while (n > 0) {
+      const grpc::Slice& slice = slices_[index_];
+      const size_t piece = std::min<size_t>(n, slice.size() - offset_);
+      out->Append(slice.sub(offset_, offset_ + piece));
+      Advance(piece);
+      n -= static_cast<int64_t>(piece);
+    }
+  }
+
+  // Appends the next n bytes to *out. REQUIRES: n <= size() - position().
+  void Copy(int64_t n, std::string* out) {
+    while (n > 0) {
+      const grpc::Slice& slice = slices_[index_];
+      const size_t piece = std::min<size_t>(n, slice.size() - offset_);
+      out->append(reinterpret_cast<const char*>(slice.begin()) + offset_, piece);
+      Advance(piece);
+      n -= static_cast<int64_t>(piece);
+    }
+  }
+
+ private:
+  void Advance(size_t n) {
+    offset_ += n;
+    position_ += static_cast<int64_t>(n);
+    Settle();
+  }
+  // Moves past exhausted (and empty) slices.
+  void Settle() {
+    while (index_ < slices_.size() && offset_ >= slices_[index_].size()) {
+      ++index_;
+      offset_ = 0;
+    }
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  size_t offset_ = 0;
+  int64_t position_ = 0;
+  int64_t size_ = 0;
+};
+
+class Parser {
+ public:
+  Parser(Cursor* cursor, std::vector<ExternalField>* external, int64_t min_external)
+      : cursor_(*cursor), external_(*external), min_external_(min_external) {}
+
+  // Parses fields into `message` up to byte `end`. The fields kept as
+  // encoded bytes (scalars, strings, small bytes, unknown fields) are merged
+  // by protobuf at the end; message fields are descended into, so that
+  // large bytes inside them stay in the slices.
+  bool ParseMessage(Message* message, int64_t end, int depth) {
+    if (depth > kMaxDepth) return Fail("nested too deeply");
+    const Descriptor* type = message->GetDescriptor();
+    const Reflection* reflection = message->GetReflection();
+    std::string plain;  // the fields protobuf parses
+    while (cursor_.position() < end) {
+      uint64_t tag;
+      if (!cursor_.ReadVarint(&tag)) return Fail("truncated field tag");
+      const uint64_t number = tag >> 3;
+      const auto wire_type = static_cast<WireType>(tag & 7);
+      if (number == 0 || number > FieldDescriptor::kMaxNumber) return Fail("invalid field number");
+      const FieldDescriptor* field = type->FindFieldByNumber(static_cast<int>(number));
+      switch (wire_type) {
+        case kVarint: {
+          uint64_t value;
+          if (!cursor_.ReadVarint(&value)) return Fail("truncated varint");
+          AppendVarint(tag, &plain);
+          AppendVarint(value, &plain);
+          break;
+        }
+        case kFixed64:
+        case kFixed32: {
+          const int64_t n = wire_type == kFixed64 ? 8 : 4;
+          if (end - cursor_.position() < n) return Fail("truncated fixed-width field");
+          AppendVarint(tag, &plain);
+          cursor_.Copy(n, &plain);
+          break;
+        }
+        case kLengthDelimited: {
+          uint64_t length;
+          if (!cursor_.ReadVarint(&length)) return Fail("truncated length");
+          if (length > static_cast<uint64_t>(end - cursor_.position())) {
+            return Fail(absl::StrCat("field ", number, " runs past the end of its message"));
+          }
+          const auto n = static_cast<int64_t>(length);
+          if (field != nullptr && field->type() == FieldDescriptor::TYPE_MESSAGE) {
+            Message* child = field->is_repeated() ? reflection->AddMessage(message, field)
+                                                  : reflection->MutableMessage(message, field);
+            if (!ParseMessage(child, cursor_.position() + n, depth + 1)) return false;
+          } else if (field != nullptr && field->type() == FieldDescriptor::TYPE_BYTES &&
+                     !field->is_repeated() && n >= min_external_) {
+            DropExternal(message, field);  // a later value replaces an earlier one
+            ExternalField value;
+            value.owner = message;
+            value.field = field;
+            cursor_.Take(n, &value.bytes);
+            external_.push_back(std::move(value));
+            pending_clear_.emplace_back(message, field);
+          } else {
+            if (field != nullptr && field->type() == FieldDescriptor::TYPE_BYTES &&
+                !field->is_repeated()) {
+              DropExternal(message, field);  // this later value replaces it
+            }
+            AppendVarint(tag, &plain);
+            AppendVarint(length, &plain);
+            cursor_.Copy(n, &plain);
+          }
+          break;
+        }
+        default:
+          return Fail(absl::StrCat("field ", number, " has wire type ", int(wire_type),
+                                   " (groups are not used by this API)"));
+      }
+    }
+    if (cursor_.position() != end) return Fail("a field runs past the end of its message");
+    if (!plain.empty() && !message->MergeFromString(plain)) {
+      return Fail(absl::StrCat("invalid ", type->name(), " fields"));
+    }
+    return true;
+  }
+
+  // Where a large value of a field came after a small one, the large one
+  // wins: the small value protobuf merged is cleared.
+  void ClearShadowed() {
+    for (const auto& [message, field] : pending_clear_) {
+      for (const ExternalField& e : external_) {
+        if (e.owner == message && e.field == field) {
+          message->GetReflection()->ClearField(message, field);
+          break;
+        }
+      }
+    }
+  }
+
+  const std::string& error() const { return error_; }
+
+ private:
+  void DropExternal(const Message* message, const FieldDescriptor* field) {
+    for (auto it = external_.begin(); it != external_.end();) {
+      it = (it->owner == message && it->field == field) ? external_.erase(it) : it + 1;
+    }
+  }
+
+  bool Fail(std::string why) {
+    error_ = std::move(why);
+    return false;
+  }
+
+  Cursor& cursor_;
+  std::vector<ExternalField>& external_;
+  const int64_t min_external_;
+  std::vector<std::pair<Message*, const FieldDescriptor*>> pending_clear_;
+  std::string error_;
+};
+
+void DeleteKeepAlive(void* p) { delete static_cast<std::shared_ptr<const void>*>(p); }
+
+// A slice over the attachment's memory that holds its keep_alive.
+grpc::Slice AttachmentSlice(const Attachment& a) {
+  auto* hold = new std::shared_ptr<const void>(a.keep_alive);
+  return grpc::Slice(const_cast<void*>(a.data), static_cast<size_t>(a.size), DeleteKeepAlive, hold);
+}
+
+}  // namespace
+
+void SliceBytes::Append(grpc::Slice slice) {
+  size_ += static_cast<int64_t>(slice.size());
+  pieces_.push_back(std::move(slice));
+}
+
+void SliceBytes::ForEach(const std::function<void(const char*, size_t)>& fn) const {
+  for (const grpc::Slice& s : pieces_) fn(reinterpret_cast<const char*>(s.begin()), s.size());
+}
+
+void SliceBytes::CopyTo(int64_t offset, int64_t n, void* dst) const {
+  char* out = static_cast<char*>(dst);
+  for (const grpc::Slice& s : pieces_) {
+    if (n <= 0) break;
+    const auto size = static_cast<int64_t>(s.size());
+    if (offset >= size) {
+      offset -= size;
+      continue;
+    }
+    const int64_t piece = std::min(n, size - offset);
+    std::memcpy(out, s.begin() + offset, static_cast<size_t>(piece));
+    out += piece;
+    n -= piece;
+    offset = 0;
+  }
+}
+
+std::string SliceBytes::ToString() const {
+  std::string out;
+  out.reserve(static_cast<size_t>(size_));
+  ForEach([&out](const char* data, size_t n) { out.append(data, n); });
+  return out;
+}
+
+absl::Status Parse(const grpc::ByteBuffer& buffer, Message* message,
+                   std::vector<ExternalField>* external, int64_t min_external_bytes,
+                   absl::string_view what) {
+  message->Clear();
+  external->clear();
+  std::vector<grpc::Slice> slices;
+  if (buffer.Valid()) {
+    if (grpc::Status s = buffer.Dump(&slices); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unreadable: ", s.error_message()));
+    }
+  }
+  Cursor cursor(slices);
+  Parser parser(&cursor, external, std::max<int64_t>(min_external_bytes, 1));
+  if (!parser.ParseMessage(message, cursor.size(), 0)) {
+    external->clear();
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": not a valid ", message->GetDescriptor()->full_name(), " (", parser.error(), ")"));
+  }
+  parser.ClearShadowed();
+  return absl::OkStatus();
+}
+
+void Materialize(std::vector<ExternalField>* external) {
+  for (ExternalField& e : *external) {
+    e.owner->GetReflection()->SetString(e.owner, e.field, e.bytes.ToString());
+  }
+  external->clear();
+}
+
+grpc::ByteBuffer Serialize(const Message& message, std::vector<Attachment> attachments) {
+  std::vector<grpc::Slice> slices;
+  if (attachments.empty()) {
+    std::string bytes = message.SerializeAsString();
+    slices.emplace_back(bytes);
+    return grpc::ByteBuffer(slices.data(), slices.size());
+  }
+  // The message without the outer fields that get attachments, then each
+  // such field: its own fields, then its attachments. A field's place in
+  // the encoding does not matter to a parser.
+  std::vector<const FieldDescriptor*> outer;
+  for (const Attachment& a : attachments) {
+    if (a.path.size() == 2 && std::find(outer.begin(), outer.end(), a.path[0]) == outer.end()) {
+      outer.push_back(a.path[0]);
+    }
+  }
+  std::string head;
+  if (outer.empty()) {
+    head = message.SerializeAsString();
+  } else {
+    std::unique_ptr<Message> rest(message.New());
+    rest->CopyFrom(message);
+    for (const FieldDescriptor* f : outer) rest->GetReflection()->ClearField(rest.get(), f);
+    head = rest->SerializeAsString();
+  }
+  // Top-level attachments follow the head directly.
+  for (const Attachment& a : attachments) {
+    if (a.path.size() != 1) continue;
+    AppendTag(a.path[0]->number(), kLengthDelimited, &head);
+    AppendVarint(static_cast<uint64_t>(a.size), &head);
+    slices.emplace_back(head);
+    head.clear();
+    if (a.size > 0) slices.push_back(AttachmentSlice(a));
+  }
+  for (const FieldDescriptor* f : outer) {
+    const Message& child = message.GetReflection()->GetMessage(message, f);
+    const std::string own = child.SerializeAsString();
+    int64_t length = static_cast<int64_t>(own.size());
+    for (const Attachment& a : attachments) {
+      if (a.path.size() != 2 || a.path[0] != f) continue;
+      length += VarintSize((static_cast<uint64_t>(a.path[1]->number()) << 3)) +
+                VarintSize(static_cast<uint64_t>(a.size)) + a.size;
+    }
+    AppendTag(f->number(), kLengthDelimited, &head);
+    AppendVarint(static_cast<uint64_t>(length), &head);
+    head += own;
+    for (const Attachment& a : attachments) {
+      if (a.path.size() != 2 || a.path[0] != f) continue;
+      AppendTag(a.path[1]->number(), kLengthDelimited, &head);
+      AppendVarint(static_cast<uint64_t>(a.size), &head);
+      slices.emplace_back(head);
+      head.clear();
+      if (a.size > 0) slices.push_back(AttachmentSlice(a));
+    }
+  }
+  if (!head.empty()) slices.emplace_back(head);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+const FieldDescriptor* Field(const Descriptor* type, absl::string_view name) {
+  return type->FindFieldByName(std::string(name));
+}
+
+}  // namespace gpucompute::wire
