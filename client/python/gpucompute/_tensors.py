@@ -96,9 +96,10 @@ def to_numpy(obj: Any, field: str) -> np.ndarray:
             return to_numpy(obj.cpu(), field)
         try:
             return np.from_dlpack(obj)
-        except (BufferError, TypeError, RuntimeError):
+        except (BufferError, TypeError, RuntimeError) as e:  # e.g. a dtype numpy lacks
             if not hasattr(obj, "__array__"):
-                raise
+                raise invalid(field, f"cannot be read through DLPack ({e}); pass a numpy "
+                                     "array (bfloat16: its uint16 bits)") from None
     if hasattr(obj, "__array__"):
         return np.asarray(obj)
     if isinstance(obj, (list, tuple, float, int)):

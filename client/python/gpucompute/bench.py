@@ -53,6 +53,51 @@ def _cli_p50(cli: str, server: str, args: List[str], row: str) -> float:
     raise RuntimeError(f"no {row!r} row in:\n{out}")
 
 
+def _copies(n: int, repeats: int) -> None:
+    """What building a request and reading a response of `n` tensor bytes costs in Python,
+    through protobuf's bytes fields and through this client's splicing (no server)."""
+    from gpucompute import _wire, ops
+    from gpucompute.v1 import compute_pb2 as pb
+
+    x = np.random.default_rng(0).integers(0, 2**16, n // 2, dtype=np.uint16)
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            r = fn()
+            times.append(time.perf_counter() - t0)
+            del r
+        return min(times)
+
+    def protobuf_request() -> bytes:
+        return pb.EchoRequest(input=pb.Tensor(dtype=pb.BFLOAT16, shape=x.shape,
+                                              data=x.tobytes())).SerializeToString()
+
+    raw = pb.EchoResponse(output=pb.Tensor(dtype=pb.BFLOAT16, shape=x.shape,
+                                           data=x.tobytes())).SerializeToString()
+
+    def protobuf_response() -> np.ndarray:
+        return np.frombuffer(pb.EchoResponse.FromString(raw).output.data, np.uint16)
+
+    def spliced_response() -> np.ndarray:
+        _, datas = _wire.strip(raw, {1: _wire.TENSOR})
+        return np.frombuffer(datas[(1, 3)], np.uint16)
+
+    cases = [
+        ("one memcpy (bytes(memoryview(x)))", lambda: bytes(memoryview(x))),
+        ("request via protobuf (Tensor(data=x.tobytes()), SerializeToString)", protobuf_request),
+        ("request spliced (ops.echo(x).encode().join())", lambda: ops.echo(x).encode().join()),
+        ("response via protobuf (FromString, .data, frombuffer)", protobuf_response),
+        ("response spliced (_wire.strip, frombuffer)", spliced_response),
+    ]
+    print(f"copies: {n >> 20} MiB tensor, best of {repeats}")
+    for name, fn in cases:
+        t = best(fn)
+        rate = f"{n / t / 1e9:7.2f} GB/s" if t > 1e-3 else "(no copy)"
+        print(f"  {name:<70} {t * 1e3:9.1f} ms  {rate}", flush=True)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,7 +112,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--only", default="echo,gemm,upload,download,small",
-                   help="comma-separated cases")
+                   help="comma-separated cases (also: copies, the request and response "
+                        "building costs without a server)")
     p.add_argument("--no-retain", action="store_true",
                    help="leave the allocator as it is (no keep_freed_host_memory)")
     args = p.parse_args(argv)
@@ -148,6 +194,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                            "gemm") * 1e3
         add("gemm 64^3 fp32 p50", "ms", t * 1e3, cli, "concurrency 1")
 
+    if "copies" in cases:
+        _copies(args.echo_mib << 20, args.requests)
+
+    if not rows:
+        return 0
     print()
     print("| case | python | C++ CLI | python / CLI |")
     print("|---|---|---|---|")
