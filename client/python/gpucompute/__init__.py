@@ -28,7 +28,7 @@ from gpucompute import aio, ops  # noqa: E402  (after Client: aio builds on it)
 __version__ = "0.1.0"
 
 __all__ = [
-    "BFLOAT16", "FLOAT16", "FLOAT32", "BatchResult", "Client", "ComputeError", "Request",
+    "BFLOAT16", "FLOAT16", "FLOAT32", "BatchResult", "aio", "ops", "Client", "ComputeError", "Request",
     "Resident", "SESSION_METADATA_KEY", "TensorList", "bfloat16_to_float32", "dtype_name",
     "float32_to_bfloat16", "keep_freed_host_memory", "parse_dtype", "split_transfer",
 ]

@@ -15,7 +15,7 @@ kept result) or a handle string.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gpucompute import _wire
 from gpucompute._tensors import (DTypeLike, Operand, dtype_name, from_wire, invalid, operand,
@@ -120,13 +120,19 @@ def decode(request: Request, response: Any, datas: Dict[_wire.Path, memoryview],
     return request.finish(tuple(values))
 
 
-def _options(output_dtype: DTypeLike, variant: str, devices: Sequence[int], allow_tf32: bool,
-             keep_output: bool) -> pb.OpOptions:
-    opts = pb.OpOptions(variant=variant, devices=[int(d) for d in devices],
-                        allow_tf32=allow_tf32, keep_output=keep_output)
+def _options(opts: pb.OpOptions, output_dtype: DTypeLike, variant: str,
+             devices: Sequence[int], allow_tf32: bool, keep_output: bool) -> None:
+    """Sets the options that are not their defaults (an untouched OpOptions is not sent)."""
+    if variant:
+        opts.variant = variant
+    if devices:
+        opts.devices.extend(int(d) for d in devices)
+    if allow_tf32:
+        opts.allow_tf32 = True
+    if keep_output:
+        opts.keep_output = True
     if output_dtype is not None:
         opts.output_dtype = parse_dtype(output_dtype, "options.output_dtype")
-    return opts
 
 
 # Tensors smaller than this go into the protobuf message (a copy costs less there than the
@@ -134,28 +140,34 @@ def _options(output_dtype: DTypeLike, variant: str, devices: Sequence[int], allo
 INLINE_BYTES = 64 << 10
 
 
-def _tensors(**named: Optional[Operand]) -> Tuple[Dict[str, pb.Tensor], list]:
-    """Headers (for the message; small tensors with their data) and (field name, data) of the
-    large tensors, which travel beside the message."""
-    headers = {}
-    datas = []
+def _fill(message: Any, **named: Optional[Operand]) -> List[Tuple[int, memoryview]]:
+    """Writes the operands into their fields of `message`: handles, dtypes and shapes, and
+    the data of small tensors. Returns (field number, data) of the large tensors, which
+    travel beside the message."""
+    large = []
     for name, op in named.items():
         if op is None:
             continue
-        header = op.header()
-        if op.data is not None and op.data.nbytes:
-            if op.data.nbytes < INLINE_BYTES:
-                header.data = op.data.tobytes()
-            else:
-                datas.append((name, op.data))
-        headers[name] = header
-    return headers, datas
+        t = getattr(message, name)
+        if op.handle:
+            t.handle = op.handle
+            continue
+        t.dtype = op.dtype
+        t.shape.extend(op.shape)
+        n = op.data.nbytes if op.data is not None else 0
+        if 0 < n < INLINE_BYTES:
+            t.data = op.data.tobytes()  # type: ignore[union-attr]
+        elif n:
+            large.append((message.DESCRIPTOR.fields_by_name[name].number, op.data))
+    return large
 
 
-def _request(method: str, message: Any, datas: list, outputs: Tuple[int, ...],
-             finish: Callable[[Tuple[Any, ...]], Value] = lambda v: v[0]) -> Request:
-    fields = message.DESCRIPTOR.fields_by_name
-    return Request(method, message, [(fields[n].number, d) for n, d in datas], outputs, finish)
+def _first(values: Tuple[Any, ...]) -> Value:
+    return values[0]
+
+
+def _pair(values: Tuple[Any, ...]) -> Value:
+    return values[0], values[1]
 
 
 def gemm(a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *, transpose_a: bool = False,
@@ -166,14 +178,13 @@ def gemm(a: ArrayLike, b: ArrayLike, c: Optional[ArrayLike] = None, *, transpose
     [batch, M, K]; B: [K, N] (or [N, K] with transpose_b) or [batch, K, N]; C (needed when
     beta != 0): [M, N] or [batch, M, N]. A and B of one dtype; the result in output_dtype or
     A's. alpha: 1 when None."""
-    headers, datas = _tensors(a=operand(a, "a"), b=operand(b, "b"),
-                              c=None if c is None else operand(c, "c"))
-    msg = pb.GemmRequest(transpose_a=transpose_a, transpose_b=transpose_b, beta=beta,
-                         options=_options(output_dtype, variant, devices, allow_tf32,
-                                          keep_output), **headers)
+    msg = pb.GemmRequest(transpose_a=transpose_a, transpose_b=transpose_b, beta=beta)
+    large = _fill(msg, a=operand(a, "a"), b=operand(b, "b"),
+                  c=None if c is None else operand(c, "c"))
+    _options(msg.options, output_dtype, variant, devices, allow_tf32, keep_output)
     if alpha is not None:
         msg.alpha = alpha
-    return _request("Gemm", msg, datas, (1,))
+    return Request("Gemm", msg, large, (1,), _first)
 
 
 def gemv(a: ArrayLike, x: ArrayLike, y: Optional[ArrayLike] = None, *, transpose_a: bool = False,
@@ -182,14 +193,13 @@ def gemv(a: ArrayLike, x: ArrayLike, y: Optional[ArrayLike] = None, *, transpose
          keep_output: bool = False) -> Request:
     """y = alpha * op(A) @ x + beta * y. A: [M, K] (or [K, M] with transpose_a); x: [K] or
     [K, n] with 1 <= n <= 8; y (needed when beta != 0) like the result, [M] or [M, n]."""
-    headers, datas = _tensors(a=operand(a, "a"), x=operand(x, "x"),
-                              y=None if y is None else operand(y, "y"))
-    msg = pb.GemvRequest(transpose_a=transpose_a, beta=beta,
-                         options=_options(output_dtype, variant, devices, allow_tf32,
-                                          keep_output), **headers)
+    msg = pb.GemvRequest(transpose_a=transpose_a, beta=beta)
+    large = _fill(msg, a=operand(a, "a"), x=operand(x, "x"),
+                  y=None if y is None else operand(y, "y"))
+    _options(msg.options, output_dtype, variant, devices, allow_tf32, keep_output)
     if alpha is not None:
         msg.alpha = alpha
-    return _request("Gemv", msg, datas, (1,))
+    return Request("Gemv", msg, large, (1,), _first)
 
 
 _REDUCE_OPS = {"sum": pb.SUM, "max": pb.MAX, "min": pb.MIN, "mean": pb.MEAN}
@@ -203,14 +213,13 @@ def reduce(input: ArrayLike, op: str = "sum", *, axis: Optional[int] = None,
     kind = _REDUCE_OPS.get(op.lower()) if isinstance(op, str) else None
     if kind is None:
         raise invalid("op", f"{op!r} is not one of sum, max, min, mean")
-    headers, datas = _tensors(input=operand(input, "input"))
-    msg = pb.ReduceRequest(op=kind, keepdims=keepdims,
-                           options=_options(output_dtype, variant, devices, False, keep_output),
-                           **headers)
+    msg = pb.ReduceRequest(op=kind, keepdims=keepdims)
+    large = _fill(msg, input=operand(input, "input"))
+    _options(msg.options, output_dtype, variant, devices, False, keep_output)
     if axis is not None:
         msg.has_axis = True
         msg.axis = int(axis)
-    return _request("Reduce", msg, datas, (1,))
+    return Request("Reduce", msg, large, (1,), _first)
 
 
 def transpose(input: ArrayLike, perm: Optional[Sequence[int]] = None, *,
@@ -218,11 +227,10 @@ def transpose(input: ArrayLike, perm: Optional[Sequence[int]] = None, *,
               keep_output: bool = False) -> Request:
     """numpy.transpose of a tensor of rank 1 to 4: output.shape[i] = input.shape[perm[i]];
     perm None reverses the axes."""
-    headers, datas = _tensors(input=operand(input, "input"))
-    msg = pb.TransposeRequest(perm=[int(p) for p in (perm or ())],
-                              options=_options(output_dtype, variant, devices, False,
-                                               keep_output), **headers)
-    return _request("Transpose", msg, datas, (1,))
+    msg = pb.TransposeRequest(perm=[int(p) for p in (perm or ())])
+    large = _fill(msg, input=operand(input, "input"))
+    _options(msg.options, output_dtype, variant, devices, False, keep_output)
+    return Request("Transpose", msg, large, (1,), _first)
 
 
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
@@ -232,19 +240,17 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
     """O = softmax(scale * Q K^T + mask) V. Q: [B, Hq, Sq, D]; K, V: [B, Hkv, Skv, D] with Hq
     a multiple of Hkv. causal: aligned to the bottom-right corner. scale 0: 1/sqrt(D). With
     return_lse the value is (O, LSE) where LSE: [B, Hq, Sq] float32."""
-    headers, datas = _tensors(q=operand(q, "q"), k=operand(k, "k"), v=operand(v, "v"))
-    msg = pb.AttentionRequest(causal=causal, scale=scale, return_lse=return_lse,
-                              options=_options(output_dtype, variant, devices, False,
-                                               keep_output), **headers)
-    finish: Callable[[Tuple[Any, ...]], Value] = (lambda v: (v[0], v[1])) if return_lse else \
-        (lambda v: v[0])
-    return _request("Attention", msg, datas, (1, 2), finish)
+    msg = pb.AttentionRequest(causal=causal, scale=scale, return_lse=return_lse)
+    large = _fill(msg, q=operand(q, "q"), k=operand(k, "k"), v=operand(v, "v"))
+    _options(msg.options, output_dtype, variant, devices, False, keep_output)
+    return Request("Attention", msg, large, (1, 2), _pair if return_lse else _first)
 
 
 def echo(input: ArrayLike) -> Request:
     """Echo: the input back unchanged (the transport baseline). Not part of Batch."""
-    headers, datas = _tensors(input=operand(input, "input"))
-    return _request("Echo", pb.EchoRequest(**headers), datas, (1,))
+    msg = pb.EchoRequest()
+    large = _fill(msg, input=operand(input, "input"))
+    return Request("Echo", msg, large, (1,), _first)
 
 
 def encode_batch_item(request_id: str, request: Request) -> bytes:

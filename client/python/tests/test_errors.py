@@ -9,7 +9,6 @@ import time
 
 import grpc
 import numpy as np
-import pytest
 
 import gpucompute
 from gpucompute import ops
