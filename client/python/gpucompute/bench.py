@@ -112,7 +112,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--only", default="echo,gemm,upload,download,small",
-                   help="comma-separated cases (also: copies, the request and response "
+                   help="comma-separated cases (also: naive_echo, Echo through the generated "
+                        "stub and protobuf's bytes fields; copies, the request and response "
                         "building costs without a server)")
     p.add_argument("--no-retain", action="store_true",
                    help="leave the allocator as it is (no keep_freed_host_memory)")
@@ -144,6 +145,31 @@ def main(argv: Optional[List[str]] = None) -> int:
             cli = 2 * n / cli_t / 1e9
         add(f"echo {args.echo_mib} MiB", "GB/s", 2 * n / t / 1e9, cli,
             "request + response bytes / p50")
+    if "naive_echo" in cases:
+        # What a client written by hand on the generated stub does: protobuf messages with
+        # bytes fields (x.tobytes(), response.output.data).
+        import grpc
+
+        from gpucompute.v1 import compute_pb2 as pb
+        from gpucompute.v1 import compute_pb2_grpc
+
+        n = args.echo_mib << 20
+        x = rng.integers(0, 2**16, n // 2, dtype=np.uint16)
+        channel = grpc.insecure_channel(args.server, options=[
+            ("grpc.max_send_message_length", 1 << 30),
+            ("grpc.max_receive_message_length", 1 << 30)])
+        stub = compute_pb2_grpc.ComputeStub(channel)
+
+        def naive() -> np.ndarray:
+            r = stub.Echo(pb.EchoRequest(input=pb.Tensor(dtype=pb.BFLOAT16, shape=x.shape,
+                                                         data=x.tobytes())),
+                          timeout=args.timeout)
+            return np.frombuffer(r.output.data, np.uint16)
+
+        t = _p50(naive, args.requests, args.warmup)
+        channel.close()
+        add(f"echo {args.echo_mib} MiB, hand-written", "GB/s", 2 * n / t / 1e9, None,
+            "generated stub, protobuf bytes fields")
     if "gemm" in cases:
         m = args.gemm
         a = gpucompute.float32_to_bfloat16(rng.uniform(-1, 1, (m, m)).astype(np.float32))
