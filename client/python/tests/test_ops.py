@@ -177,3 +177,23 @@ def test_bfloat16_results_as_bits_or_ml_dtypes(server):
         out = c.echo(x)
         assert out.dtype == ml_dtypes.bfloat16
         np.testing.assert_array_equal(out.astype(np.float32), [1.5, -2.0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_tensors_travel_beside_the_message(client, dtype):
+    # Over ops.INLINE_BYTES each way: requests splice the arrays in, responses are cut out of
+    # the received message (client.STRIP_BYTES).
+    from gpucompute import ops
+    from gpucompute.client import STRIP_BYTES
+
+    rng = np.random.default_rng(9)
+    a = random((400, 300), dtype, rng)
+    b = random((300, 500), dtype, rng)
+    request = ops.gemm(a, b)
+    assert [f for f, _ in request.tensors] == [1, 2]
+    assert 400 * 500 * a.itemsize >= STRIP_BYTES
+    c = client.gemm(a, b)
+    assert_close(c, f64(a) @ f64(b), dtype, 300, np.abs(f64(a)) @ np.abs(f64(b)))
+    x = random((512, 1024), dtype, rng)
+    np.testing.assert_array_equal(client.echo(x), x)
+    np.testing.assert_array_equal(client.transpose(x), x.T)
