@@ -16,7 +16,7 @@ A client belongs to the event loop it is first used on (grpc.aio's rule for chan
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Iterable, List, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import grpc.aio
@@ -40,8 +40,23 @@ class Client(Operations):
     list_tensors) as coroutines, and batch as an async iterator. Parallel transfer streams
     run as tasks, each on a channel (connection) of its own."""
 
-    def __init__(self, target: str = "localhost:50051", **options: Any) -> None:
-        self._settings = Settings(target=target, **options)
+    def __init__(self, target: str = "localhost:50051", *, default_timeout: float = 60.0,
+                 max_message_bytes: int = 1 << 30, lb_policy: str = "", use_tls: bool = False,
+                 root_certs_path: str = "", client_cert_path: str = "",
+                 client_key_path: str = "", tls_server_name: str = "",
+                 own_connection: bool = False, session: str = "", token: Optional[str] = None,
+                 token_file: str = "", streams: int = 4, chunk_bytes: int = 4 << 20,
+                 parallel_min_bytes: int = 64 << 20, keepalive_seconds: float = 300.0,
+                 retries: bool = True, bfloat16: str = "auto",
+                 channel_options: Sequence[Tuple[str, Any]] = ()) -> None:
+        self._settings = Settings(
+            target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
+            lb_policy=lb_policy, use_tls=use_tls, root_certs_path=root_certs_path,
+            client_cert_path=client_cert_path, client_key_path=client_key_path,
+            tls_server_name=tls_server_name, own_connection=own_connection, session=session,
+            token=token, token_file=token_file, streams=streams, chunk_bytes=chunk_bytes,
+            parallel_min_bytes=parallel_min_bytes, keepalive_seconds=keepalive_seconds,
+            retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options))
         self._settings.check()
         self._credentials = self._settings.credentials()
         self._settings.metadata()
