@@ -13,6 +13,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev prometheus-cpp-dev libopenblas-dev
   prometheus
+  python3 python3-venv python3-grpcio python3-protobuf python3-numpy python3-pytest
 )
 
 missing=()

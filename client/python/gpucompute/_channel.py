@@ -1,0 +1,214 @@
+"""Client settings (the C++ ClientOptions' names and checks), channel arguments, credentials."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import secrets
+import time
+from typing import Any, List, Optional, Sequence, Tuple
+
+import grpc
+
+from gpucompute._tensors import invalid
+from gpucompute.errors import ComputeError
+
+SERVICE = "gpucompute.v1.Compute"
+SESSION_METADATA_KEY = "gpucompute-session"
+# Most streams of one transfer; room in a transfer message beside its chunk (client.cc).
+MAX_STREAMS = 64
+MESSAGE_OVERHEAD = 1024
+# Where the parts of a parallel transfer begin: a multiple of this (client.h).
+TRANSFER_ALIGNMENT = 4096
+
+# Calls that may be repeated without changing what they do: retried on UNAVAILABLE. (Upload,
+# Free and Batch are not: a repeated Free answers NOT_FOUND, a repeated upload or batch item
+# does the work twice.) gRPC retries only while the request is still buffered (256 KiB by
+# default), so large requests are sent once.
+IDEMPOTENT = ("Gemm", "Gemv", "Reduce", "Transpose", "Attention", "Echo", "GetServerInfo",
+              "ListTensors", "Download")
+
+
+def service_config() -> str:
+    names = [{"service": SERVICE, "method": m} for m in IDEMPOTENT]
+    names.append({"service": "grpc.health.v1.Health", "method": "Check"})
+    return json.dumps({"methodConfig": [{
+        "name": names,
+        "retryPolicy": {
+            "maxAttempts": 4,
+            "initialBackoff": "0.1s",
+            "maxBackoff": "1s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }]})
+
+
+@dataclasses.dataclass
+class Settings:
+    """How a client reaches the server; see Client for each field."""
+
+    target: str = "localhost:50051"
+    default_timeout: float = 60.0
+    max_message_bytes: int = 1 << 30
+    lb_policy: str = ""
+    use_tls: bool = False
+    root_certs_path: str = ""
+    client_cert_path: str = ""
+    client_key_path: str = ""
+    tls_server_name: str = ""
+    own_connection: bool = False
+    session: str = ""
+    token: Optional[str] = None
+    token_file: str = ""
+    streams: int = 4
+    chunk_bytes: int = 4 << 20
+    parallel_min_bytes: int = 64 << 20
+    keepalive_seconds: float = 300.0
+    retries: bool = True
+    bfloat16: str = "auto"
+    channel_options: Sequence[Tuple[str, Any]] = ()
+
+    def check(self) -> None:
+        """INVALID_ARGUMENT for inconsistent settings (as the C++ Client::Create); NOT_FOUND
+        for a TLS or token file that cannot be read (when the channel is made)."""
+        if not self.target:
+            raise invalid("target", "empty")
+        if self.max_message_bytes <= 0:
+            raise invalid("max_message_bytes", "must be positive")
+        if not self.default_timeout > 0:
+            raise invalid("default_timeout", "must be positive")
+        if bool(self.client_cert_path) != bool(self.client_key_path):
+            raise invalid("client_cert_path, client_key_path",
+                          "give both (mutual TLS) or neither")
+        if not self.use_tls and (self.root_certs_path or self.client_cert_path
+                                 or self.tls_server_name):
+            raise invalid("use_tls", "TLS files or server name given without TLS")
+        if not 1 <= self.streams <= MAX_STREAMS:
+            raise invalid("streams", f"{self.streams} is not in [1, {MAX_STREAMS}]")
+        if self.chunk_bytes < 1:
+            raise invalid("chunk_bytes", "must be positive")
+        if self.parallel_min_bytes < 0:
+            raise invalid("parallel_min_bytes", "negative")
+        if any(not 0x20 <= ord(c) <= 0x7E for c in self.session):
+            raise invalid("session", "not printable ASCII (it travels as metadata)")
+        if self.token is not None and self.token_file:
+            raise invalid("token, token_file", "give one or neither")
+        if self.bfloat16 not in ("auto", "bits", "ml_dtypes"):
+            raise invalid("bfloat16", f"{self.bfloat16!r} is not auto, bits or ml_dtypes")
+        if self.keepalive_seconds < 0:
+            raise invalid("keepalive_seconds", "negative")
+
+    def channel_args(self, connection: Optional[int] = None) -> List[Tuple[str, Any]]:
+        """Channel arguments; `connection` i: transfer channel i, on a connection of its own."""
+        limit = min(self.max_message_bytes, 2**31 - 1)
+        args: List[Tuple[str, Any]] = [
+            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.enable_retries", 1 if self.retries else 0),
+        ]
+        if self.retries:
+            args.append(("grpc.service_config", service_config()))
+        if self.keepalive_seconds > 0:
+            # The server (gRPC's defaults) accepts a ping every 5 minutes at most without
+            # data; more often and it closes the connection (too_many_pings).
+            args += [("grpc.keepalive_time_ms", int(self.keepalive_seconds * 1000)),
+                     ("grpc.keepalive_timeout_ms", 20000),
+                     ("grpc.keepalive_permit_without_calls", 0),
+                     ("grpc.http2.max_pings_without_data", 0)]
+        if self.lb_policy:
+            args.append(("grpc.lb_policy_name", self.lb_policy))
+        if self.tls_server_name:
+            args.append(("grpc.ssl_target_name_override", self.tls_server_name))
+        if self.own_connection or connection is not None:
+            args.append(("grpc.use_local_subchannel_pool", 1))
+        if connection is not None:
+            # A distinct argument keeps two transfer channels from being taken as equal.
+            args.append(("gpucompute.connection", connection))
+        args += list(self.channel_options)
+        return args
+
+    def credentials(self) -> Optional[grpc.ChannelCredentials]:
+        """TLS credentials, or None for a plaintext channel."""
+        if not self.use_tls:
+            return None
+        roots = _read(self.root_certs_path, "root_certs_path") if self.root_certs_path else None
+        cert = key = None
+        if self.client_cert_path:
+            cert = _read(self.client_cert_path, "client_cert_path")
+            key = _read(self.client_key_path, "client_key_path")
+        return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key,
+                                            certificate_chain=cert)
+
+    def metadata(self) -> Tuple[Tuple[str, str], ...]:
+        """The metadata of every call: the session and the bearer token, when set."""
+        md = []
+        if self.session:
+            md.append((SESSION_METADATA_KEY, self.session))
+        token = self.token
+        if self.token_file:
+            token = _read(self.token_file, "token_file").decode().strip()
+        if token:
+            md.append(("authorization", f"Bearer {token}"))
+        return tuple(md)
+
+    def timeout(self, timeout: Optional[float]) -> Optional[float]:
+        """gRPC's timeout of a call: None -> the default; math.inf -> none."""
+        if timeout is None:
+            return self.default_timeout
+        if not timeout > 0:
+            raise invalid("timeout", f"{timeout} is not positive (math.inf: no deadline)")
+        return None if math.isinf(timeout) else float(timeout)
+
+    def transfer(self, streams: Optional[int], chunk_bytes: Optional[int]) -> Tuple[int, int]:
+        """The streams and chunk size of one transfer: the overrides or the client's, the chunk
+        cut down to fit in a message."""
+        s = streams if streams else self.streams
+        c = chunk_bytes if chunk_bytes else self.chunk_bytes
+        if not 1 <= s <= MAX_STREAMS:
+            raise invalid("streams", f"{s} is not in [1, {MAX_STREAMS}]")
+        if c < 1:
+            raise invalid("chunk_bytes", "must be positive")
+        return s, min(c, max(1, self.max_message_bytes - MESSAGE_OVERHEAD))
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ComputeError(grpc.StatusCode.NOT_FOUND, f"{what}: cannot read {path}: "
+                                                      f"{e.strerror}") from None
+
+
+def split_transfer(nbytes: int, streams: int, parallel_min_bytes: int) -> List[Tuple[int, int]]:
+    """How a transfer of `nbytes` is cut into the [begin, end) parts of its streams, as the C++
+    SplitTransfer: one part when streams <= 1 or nbytes < parallel_min_bytes (0 bytes
+    included); otherwise min(streams, ceil(nbytes / 4096)) parts covering [0, nbytes) in
+    order, each beginning at a multiple of 4096, of sizes that differ by at most 4096."""
+    if streams <= 1 or nbytes == 0 or nbytes < parallel_min_bytes:
+        return [(0, nbytes)]
+    units = (nbytes + TRANSFER_ALIGNMENT - 1) // TRANSFER_ALIGNMENT
+    parts = min(streams, units)
+    return [(units * i // parts * TRANSFER_ALIGNMENT,
+             units * (i + 1) // parts * TRANSFER_ALIGNMENT if i + 1 < parts else nbytes)
+            for i in range(parts)]
+
+
+def new_upload_id() -> str:
+    """A fresh id for the parts of one upload (128 random bits)."""
+    return secrets.token_hex(16)
+
+
+class Deadline:
+    """One deadline shared by the streams of a transfer or the calls of a batch."""
+
+    def __init__(self, timeout: Optional[float]) -> None:
+        self._end = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self) -> Optional[float]:
+        if self._end is None:
+            return None
+        return max(0.0, self._end - time.monotonic())
