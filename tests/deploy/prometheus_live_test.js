@@ -9,6 +9,9 @@
 // server is killed, GpucomputeScrapeDown must go pending.
 //
 //   node prometheus_live_test.js SERVER CLI PROMETHEUS PROMTOOL REPO_ROOT
+// With GC_DASHBOARD_SNAPSHOT=FILE.json it also saves every graph panel's
+// series over the traffic (for deploy/grafana/render-snapshot.js), and
+// GC_TRAFFIC_SECONDS sets how long the traffic runs (default 8).
 "use strict";
 
 const assert = require("assert");
@@ -98,6 +101,29 @@ function runCli(args, expectOk = true) {
   return r;
 }
 
+// Every graph panel's series from `from` (ms) to now, at one point a second.
+async function snapshot(dashboard, from) {
+  const start = Math.floor(from / 1000) - 2;
+  const end = Math.ceil(Date.now() / 1000);
+  const panels = [];
+  for (const panel of dashboard.panels) {
+    if (panel.type !== "timeseries") continue;
+    const series = [];
+    for (const t of panel.targets) {
+      const expr = substitute(t.expr.replaceAll("$__rate_interval", "5s"));
+      const r = await api(`/api/v1/query_range?query=${encodeURIComponent(expr)}&start=${start}&end=${end}&step=1`);
+      if (r.status !== "success") continue;
+      for (const s of r.data.result) {
+        const legend = (t.legendFormat || "").replace(/\{\{ *(\w+) *\}\}/g, (_, k) => s.metric[k] || "");
+        series.push({ legend: legend.trim(), points: s.values.map(([x, y]) => [x - start, parseFloat(y)]) });
+      }
+    }
+    panels.push({ title: panel.title, unit: panel.fieldConfig.defaults.unit, series });
+  }
+  fs.writeFileSync(process.env.GC_DASHBOARD_SNAPSHOT, JSON.stringify({ seconds: end - start, panels }));
+  console.log(`snapshot of ${panels.length} panels written to ${process.env.GC_DASHBOARD_SNAPSHOT}`);
+}
+
 async function main() {
   // The server.
   const ready = path.join(work, "ready.json");
@@ -135,7 +161,8 @@ async function main() {
 
   // Traffic for some seconds of scrapes: every operation, a failure, Echo.
   const common = [`--server=${target}`, "--timeout=30s"];
-  const until = Date.now() + 8000;
+  const trafficStart = Date.now();
+  const until = trafficStart + 1000 * Number(process.env.GC_TRAFFIC_SECONDS || 8);
   let rounds = 0;
   while (Date.now() < until || rounds < 2) {
     runCli(["bench", "gemm", ...common, "--m=128", "--n=128", "--k=128", "--requests=40",
@@ -175,6 +202,8 @@ async function main() {
       }
     }
   }
+
+  if (process.env.GC_DASHBOARD_SNAPSHOT) await snapshot(dashboard, trafficStart);
 
   // Every rule: valid, and evaluated by Prometheus without error.
   const rules = await waitFor("every rule to be evaluated", 30, async () => {
