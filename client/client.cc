@@ -1,5 +1,8 @@
 #include "client/client.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -12,8 +15,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "google/protobuf/field_mask.pb.h"
@@ -337,6 +344,64 @@ absl::StatusOr<Response> Unary(const ClientOptions& options, const CallOptions& 
 
 }  // namespace
 
+absl::StatusOr<std::string> ChannelTarget(const std::string& target) {
+  if (target.find(',') == std::string::npos || absl::StrContains(target, "://") ||
+      absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:") ||
+      absl::StartsWith(target, "unix:")) {
+    return target;
+  }
+  bool v4 = false, v6 = false;
+  std::vector<std::string> addresses;
+  for (absl::string_view item : absl::StrSplit(target, ',')) {
+    std::string address(absl::StripAsciiWhitespace(item));
+    const size_t colon = address.rfind(':');
+    const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+    int port = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+        port <= 0 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("target: \"", address, "\" in the list is not address:port"));
+    }
+    in_addr a4{};
+    in6_addr a6{};
+    if (host == "localhost") {
+      address = absl::StrCat("127.0.0.1:", port);
+      v4 = true;
+    } else if (inet_pton(AF_INET, host.c_str(), &a4) == 1) {
+      v4 = true;
+    } else if (host.size() > 2 && host.front() == '[' && host.back() == ']' &&
+               inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a6) == 1) {
+      v6 = true;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("target: \"", host,
+                       "\" in the list is not an IP address (a list is not resolved; for "
+                       "names use one dns:///name:port target that resolves to every replica)"));
+    }
+    addresses.push_back(address);
+  }
+  if (v4 && v6) {
+    return absl::InvalidArgumentError("target: a list holds IPv4 or IPv6 addresses, not both");
+  }
+  return absl::StrCat(v4 ? "ipv4:" : "ipv6:", absl::StrJoin(addresses, ","));
+}
+
+std::string RetryServiceConfig(int max_attempts) {
+  if (max_attempts <= 1) return "{}";
+  std::vector<std::string> names;
+  for (const char* method : {"Gemm", "Gemv", "Reduce", "Transpose", "Attention", "Echo",
+                             "GetServerInfo", "ListTensors", "Download"}) {
+    names.push_back(
+        absl::StrCat(R"({"service": "gpucompute.v1.Compute", "method": ")", method, R"("})"));
+  }
+  names.push_back(R"({"service": "grpc.health.v1.Health", "method": "Check"})");
+  return absl::StrCat(
+      R"({"methodConfig": [{"name": [)", absl::StrJoin(names, ", "),
+      R"(], "retryPolicy": {"maxAttempts": )", max_attempts,
+      R"(, "initialBackoff": "0.05s", "maxBackoff": "1s", )",
+      R"("backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]}}]})");
+}
+
 std::vector<ByteRange> SplitTransfer(int64_t bytes, int streams, int64_t parallel_min_bytes) {
   if (streams <= 1 || bytes == 0 || bytes < parallel_min_bytes) return {ByteRange{0, bytes}};
   const int64_t units = (bytes + kTransferAlignment - 1) / kTransferAlignment;
@@ -379,11 +444,46 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     }
   }
 
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts: ", options.max_attempts, " is not >= 1"));
+  }
+  if (options.retry_buffer_bytes < 0) {
+    return absl::InvalidArgumentError("retry_buffer_bytes: negative");
+  }
+  if (options.keepalive_time <= absl::ZeroDuration() ||
+      options.keepalive_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("keepalive_time, keepalive_timeout: must be positive");
+  }
+  if (!options.lb_policy.empty() && options.lb_policy != "round_robin" &&
+      options.lb_policy != "pick_first") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lb_policy: \"", options.lb_policy, "\" is not round_robin or pick_first"));
+  }
+  absl::StatusOr<std::string> channel_target = ChannelTarget(options.target);
+  if (!channel_target.ok()) return channel_target.status();
+  const bool listed = *channel_target != options.target;
+
   grpc::ChannelArguments args;
   int max_message = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT_MAX));
   args.SetMaxReceiveMessageSize(max_message);
   args.SetMaxSendMessageSize(max_message);
-  if (!options.lb_policy.empty()) args.SetLoadBalancingPolicyName(options.lb_policy);
+  if (!options.lb_policy.empty()) {
+    args.SetLoadBalancingPolicyName(options.lb_policy);
+  } else if (listed) {
+    args.SetLoadBalancingPolicyName("round_robin");
+  }
+  // The retry policy is ours: a DNS TXT record does not replace it.
+  args.SetServiceConfigJSON(RetryServiceConfig(options.max_attempts));
+  args.SetInt(GRPC_ARG_SERVICE_CONFIG_DISABLE_RESOLUTION, 1);
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE,
+              static_cast<int>(std::min<int64_t>(options.retry_buffer_bytes, INT_MAX)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+              static_cast<int>(
+                  std::min<int64_t>(absl::ToInt64Milliseconds(options.keepalive_time), INT_MAX)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              static_cast<int>(std::min<int64_t>(
+                  absl::ToInt64Milliseconds(options.keepalive_timeout), INT_MAX)));
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
 
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -407,16 +507,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   } else {
     credentials = grpc::InsecureChannelCredentials();
   }
-  return std::unique_ptr<Client>(
-      new Client(std::move(options), std::move(credentials), std::move(args)));
+  return std::unique_ptr<Client>(new Client(std::move(options), *std::move(channel_target),
+                                            std::move(credentials), std::move(args)));
 }
 
-Client::Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-               grpc::ChannelArguments args)
+Client::Client(ClientOptions options, std::string channel_target,
+               std::shared_ptr<grpc::ChannelCredentials> credentials, grpc::ChannelArguments args)
     : options_(std::move(options)),
+      channel_target_(std::move(channel_target)),
       credentials_(std::move(credentials)),
       args_(std::move(args)),
-      channel_(grpc::CreateCustomChannel(options_.target, credentials_, args_)),
+      channel_(grpc::CreateCustomChannel(channel_target_, credentials_, args_)),
       stub_(v1::Compute::NewStub(channel_)),
       health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
 
@@ -428,7 +529,7 @@ grpc::Channel* Client::TransferChannel(int i) const {
     grpc::ChannelArguments args = args_;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("gpucompute.connection", static_cast<int>(transfer_channels_.size()));
-    transfer_channels_.push_back(grpc::CreateCustomChannel(options_.target, credentials_, args));
+    transfer_channels_.push_back(grpc::CreateCustomChannel(channel_target_, credentials_, args));
   }
   return transfer_channels_[i].get();
 }

@@ -49,15 +49,38 @@ namespace gpucompute {
 // designated initializers such as {.target = "host:port"} leave the rest at
 // their defaults.)
 struct ClientOptions {
-  // host:port, or any gRPC target URI (dns:///svc:50051 for a headless
-  // Kubernetes Service together with lb_policy = "round_robin").
+  // host:port; several replicas as a list of IP addresses
+  // "10.0.0.1:50051,10.0.0.2:50051" (all IPv4, or all [IPv6]; localhost
+  // counts as 127.0.0.1); or any gRPC target URI (dns:///svc:50051 for a
+  // headless Kubernetes Service together with lb_policy = "round_robin").
   std::string target = "localhost:50051";
   // Deadline of a call whose CallOptions give none.
   absl::Duration default_timeout = absl::Seconds(60);
   // Largest message sent or received; the server's default is the same 1 GiB.
   int64_t max_message_bytes = int64_t{1} << 30;
-  // gRPC load-balancing policy ("pick_first" when empty).
+  // gRPC load-balancing policy: "round_robin" (each call to the next ready
+  // replica) or "pick_first" (every call to one). Empty: round_robin for a
+  // list of addresses, pick_first otherwise. Resident tensors live on one
+  // replica: over several, use pick_first or one client per replica.
   std::string lb_policy{};
+  // Attempts of an idempotent call (the operations, Echo, GetServerInfo,
+  // ListTensors, Download and health checks) that fails before any answer
+  // UNAVAILABLE (a replica that died, is draining or cannot be reached) or
+  // CANCELLED by the server (a replica shutting down cancels calls that
+  // reach it as it stops): each retry goes through the load-balancing policy
+  // again, to another replica under round_robin, after 50 ms doubling up to
+  // 1 s. A call the client itself cancels is not retried. gRPC caps it at 5;
+  // 1 disables retries. Requests larger than retry_buffer_bytes are sent
+  // once. Upload, Free and Batch are never retried (not idempotent). An
+  // operation with keep_output that is retried after its first attempt
+  // reached a replica may leave a result there that its lease frees.
+  int max_attempts = 4;
+  int64_t retry_buffer_bytes = int64_t{64} << 20;
+  // HTTP/2 keepalive pings while calls are open, so that a replica that
+  // vanished without closing its connections (a node lost) is noticed within
+  // keepalive_time + keepalive_timeout; the server accepts pings every 10 s.
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
   // Use TLS. The paths below are PEM files; empty ones are not used
   // (root_certs_path empty: the system's roots; client cert and key: only for
   // mutual TLS, both or neither).
@@ -143,6 +166,18 @@ using UploadSource = std::function<absl::Status(int64_t offset, int64_t size, ch
 // range in increasing offsets. A non-OK status stops the download, which
 // then returns it.
 using DownloadSink = std::function<absl::Status(int64_t offset, const char* data, int64_t size)>;
+
+// The gRPC target of ClientOptions::target: a list of addresses becomes an
+// "ipv4:" or "ipv6:" URI ("127.0.0.1:1,127.0.0.1:2" ->
+// "ipv4:127.0.0.1:1,127.0.0.1:2"); anything else is returned as it is.
+// Errors: INVALID_ARGUMENT for a list holding a host name, an address
+// without a port, or both IPv4 and IPv6 addresses.
+absl::StatusOr<std::string> ChannelTarget(const std::string& target);
+
+// The service config of a client with ClientOptions::max_attempts: a retry
+// policy on UNAVAILABLE and CANCELLED for the idempotent methods ("{}" when
+// max_attempts <= 1).
+std::string RetryServiceConfig(int max_attempts);
 
 // One contiguous byte range [begin, end) of a tensor.
 struct ByteRange {
@@ -299,8 +334,8 @@ class Client {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
-  Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-         grpc::ChannelArguments args);
+  Client(ClientOptions options, std::string channel_target,
+         std::shared_ptr<grpc::ChannelCredentials> credentials, grpc::ChannelArguments args);
 
   // The stub of transfer stream `i`, on a channel of its own (made on first
   // use).
@@ -326,6 +361,7 @@ class Client {
       const DownloadSink& sink, const DownloadOptions& download, const CallOptions& call) const;
 
   ClientOptions options_;
+  std::string channel_target_;  // ChannelTarget(options_.target)
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   grpc::ChannelArguments args_;
   std::shared_ptr<grpc::Channel> channel_;

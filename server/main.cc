@@ -72,6 +72,18 @@ ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
 ABSL_FLAG(absl::Duration, shutdown_timeout, kDefaults.shutdown_timeout,
           "on SIGTERM/SIGINT, how long calls in flight may take before they are cancelled");
 
+ABSL_FLAG(absl::Duration, keepalive_time, kDefaults.keepalive_time,
+          "a connection idle this long is pinged, and closed when no answer comes within "
+          "--keepalive_timeout");
+ABSL_FLAG(absl::Duration, keepalive_timeout, kDefaults.keepalive_timeout,
+          "how long a keepalive ping may go unanswered");
+ABSL_FLAG(absl::Duration, max_connection_age, kDefaults.max_connection_age,
+          "a connection older than this (+-10% jitter) is asked to go away, so that clients "
+          "reconnect and find new replicas; inf = never");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, kDefaults.max_connection_age_grace,
+          "how long calls in flight on a connection past --max_connection_age may go on; "
+          "inf = until they finish");
+
 namespace {
 
 template <typename T, typename Parse>
@@ -115,6 +127,10 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.max_connection_age_grace = absl::GetFlag(FLAGS_max_connection_age_grace);
   return options;
 }
 

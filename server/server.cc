@@ -71,6 +71,16 @@ absl::Status CheckOptions(const ServerOptions& options) {
   if (options.shutdown_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("shutdown_timeout: expected >= 0");
   }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, absl::Duration>{"keepalive_time", options.keepalive_time},
+        {"keepalive_timeout", options.keepalive_timeout},
+        {"max_connection_age", options.max_connection_age},
+        {"max_connection_age_grace", options.max_connection_age_grace}}) {
+    if (value <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, ": expected > 0 (inf: never) but got ", absl::FormatDuration(value)));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -97,6 +107,13 @@ std::vector<DeviceState> DeviceStates(const Engine& engine) {
     states.push_back(state);
   }
   return states;
+}
+
+// A duration as gRPC's millisecond channel arguments take it; infinite (and
+// anything longer) is INT_MAX, which gRPC reads as never.
+int Milliseconds(absl::Duration d) {
+  if (d >= absl::Milliseconds(INT_MAX)) return INT_MAX;
+  return static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
 
 // "0.0.0.0:50051" -> "0.0.0.0"; "[::]:0" -> "[::]".
@@ -216,6 +233,15 @@ absl::Status Server::StartServing() {
   service_->SetNoHealthyDeviceCallback(
       [this] { grpc_server_->GetHealthCheckService()->SetServingStatus(false); });
   builder.RegisterService(service_.get());
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(options_.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             Milliseconds(options_.keepalive_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                             Milliseconds(options_.max_connection_age));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                             Milliseconds(options_.max_connection_age_grace));
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
   grpc_server_ = builder.BuildAndStart();

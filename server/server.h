@@ -68,6 +68,18 @@ struct ServerOptions {
   std::string ready_file;
   // How long Shutdown waits for calls in flight before cancelling them.
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // HTTP/2 keepalive: a connection idle this long gets a ping, and is closed
+  // when no answer comes within keepalive_timeout (clients that vanished).
+  // Clients may ping as often as every 10 s, also between calls.
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
+  // A connection older than this (gRPC adds +-10% jitter) is sent GOAWAY:
+  // its client reconnects and re-resolves, so that clients balancing over a
+  // headless Service find pods added by a scale-up or a rollout. Calls in
+  // flight on it may finish for max_connection_age_grace more (infinite:
+  // always). Infinite max_connection_age: never.
+  absl::Duration max_connection_age = absl::Minutes(5);
+  absl::Duration max_connection_age_grace = absl::InfiniteDuration();
 };
 
 class Server {

@@ -13,7 +13,15 @@
 #include "client/npy.h"
 #include "proto/dtype.h"
 
-ABSL_FLAG(std::string, server, "localhost:50051", "Server address, host:port or a gRPC target.");
+ABSL_FLAG(std::string, server, "localhost:50051",
+          "Server address host:port; several replicas as IP addresses a:port,b:port; or a gRPC "
+          "target such as dns:///name:port.");
+ABSL_FLAG(std::string, lb_policy, "",
+          "round_robin or pick_first (default: round_robin for a list of addresses, else "
+          "pick_first; dns:/// targets of several replicas want round_robin).");
+ABSL_FLAG(int, max_attempts, gpucompute::ClientOptions().max_attempts,
+          "Attempts of an idempotent call that a replica could not answer (down or draining); "
+          "1 = no retries.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.g. 30s, 500ms.");
 ABSL_FLAG(bool, tls, false, "Connect with TLS.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM file of root certificates (default: the system's).");
@@ -46,6 +54,8 @@ namespace gpucompute::cli {
 absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   ClientOptions options;
   options.target = absl::GetFlag(FLAGS_server);
+  options.lb_policy = absl::GetFlag(FLAGS_lb_policy);
+  options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.default_timeout = absl::GetFlag(FLAGS_timeout);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.use_tls = absl::GetFlag(FLAGS_tls);

@@ -36,6 +36,11 @@ struct DeviceDescription {
   int index = 0;     // position in the server's device list
   std::string kind;  // "cpu" or "cuda"
   std::string name;
+  // GPUs: the identity the DCGM exporter labels its series with, so that
+  // both can be joined: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" and the
+  // PCI address "00000000:19:00.0" (NVML's format). Empty for CPU devices.
+  std::string uuid;
+  std::string pci_bus_id;
   int64_t memory_bytes = 0;
   int compute_units = 0;   // SMs or worker threads
   double weight = 1.0;     // relative compute weight for sharding

@@ -14,8 +14,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
+#include "server/metrics/build_info.h"
 #include "server/metrics/http_endpoint.h"
+#include "server/metrics/process_stats.h"
 
 namespace gpucompute {
 namespace {
@@ -28,12 +32,40 @@ const prometheus::Histogram::BucketBoundaries& RequestBuckets() {
   return *buckets;
 }
 
-// Kernel and transfer time: 10 us to 10 s.
+// Kernel, transfer and stage time: 1 us to 10 s (most kernels of an H200 take
+// tens of microseconds).
 const prometheus::Histogram::BucketBoundaries& KernelBuckets() {
   static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
-      1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-      1e-2, 2.5e-2, 5e-2, 0.1,  0.25,   0.5,  1,    2.5,    10};
+      1e-6, 2.5e-6, 5e-6,   1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+      5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1,      2.5,  10};
   return *buckets;
+}
+
+// Queue time: 10 us up to the default deadline (60 s), which bounds a wait
+// for admission.
+const prometheus::Histogram::BucketBoundaries& QueueBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+      5e-2, 0.1,  0.25, 0.5,    1,    2.5,  5,      10,   30,   60};
+  return *buckets;
+}
+
+// A family of one sample that a scrape builds from /proc (prometheus-cpp's
+// counters only count up from zero; these are read whole).
+prometheus::MetricFamily ProcessFamily(const char* name, const char* help,
+                                       prometheus::MetricType type, double value) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = type;
+  prometheus::ClientMetric metric;
+  if (type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family.metric.push_back(std::move(metric));
+  return family;
 }
 
 // The separator cannot occur in label values we build keys from (method
@@ -85,7 +117,8 @@ Metrics::Metrics()
                           .Register(*registry_)),
       device_info_(prometheus::BuildGauge()
                        .Name("gpucompute_device_info")
-                       .Help("Compute devices of this server (value 1).")
+                       .Help("Compute devices of this server (value 1); GPUs carry the "
+                             "UUID and pci_bus_id the DCGM exporter labels them with.")
                        .Register(*registry_)),
       device_memory_used_(prometheus::BuildGauge()
                               .Name("gpucompute_device_memory_used_bytes")
@@ -154,6 +187,26 @@ Metrics::Metrics()
                           "--resident_lease.")
                       .Register(*registry_)
                       .Add({});
+  queue_duration_ = &prometheus::BuildHistogram()
+                         .Name("gpucompute_queue_duration_seconds")
+                         .Help(
+                             "Time operations waited from acceptance until they started: for "
+                             "a worker, for admission (--max_inflight_bytes) and for room on "
+                             "their devices; operations that gave up waiting included.")
+                         .Register(*registry_)
+                         .Add({}, QueueBuckets());
+  const BuildInfo& build = ThisBuild();
+  prometheus::BuildGauge()
+      .Name("gpucompute_build_info")
+      .Help(
+          "What this server was built from (value 1): version, git revision, compiler and "
+          "the CUDA toolkit (none: a CPU-only build).")
+      .Register(*registry_)
+      .Add({{"version", build.version},
+            {"revision", build.revision},
+            {"compiler", build.compiler},
+            {"cuda", build.cuda}})
+      .Set(1);
   for (const char* stage : {"queue", "decode", "receive", "host_to_device", "kernel",
                             "device_to_host", "encode", "send"}) {
     stage_histograms_[stage] = &stage_duration_.Add({{"stage", stage}}, KernelBuckets());
@@ -203,7 +256,28 @@ absl::Status Metrics::Serve(const std::string& listen) {
 
 std::string Metrics::Scrape() const {
   RefreshDevices();
-  return prometheus::TextSerializer().Serialize(registry_->Collect());
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  // Without /proc (not Linux) the process families are left out.
+  if (absl::StatusOr<ProcessStats> process = ReadProcessStats(); process.ok()) {
+    using prometheus::MetricType;
+    families.push_back(ProcessFamily("process_cpu_seconds_total",
+                                     "Total user and system CPU time spent in seconds.",
+                                     MetricType::Counter, process->cpu_seconds));
+    families.push_back(ProcessFamily("process_resident_memory_bytes",
+                                     "Resident memory size in bytes.", MetricType::Gauge,
+                                     static_cast<double>(process->resident_bytes)));
+    families.push_back(ProcessFamily("process_virtual_memory_bytes",
+                                     "Virtual memory size in bytes.", MetricType::Gauge,
+                                     static_cast<double>(process->virtual_bytes)));
+    families.push_back(ProcessFamily("process_start_time_seconds",
+                                     "Start time of the process since unix epoch in seconds.",
+                                     MetricType::Gauge, process->start_time_seconds));
+    families.push_back(ProcessFamily("process_open_fds", "Number of open file descriptors.",
+                                     MetricType::Gauge, static_cast<double>(process->open_fds)));
+    families.push_back(ProcessFamily("process_max_fds", "Maximum number of open file descriptors.",
+                                     MetricType::Gauge, static_cast<double>(process->max_fds)));
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 void Metrics::SetDeviceRefresh(std::function<std::vector<DeviceState>()> refresh) {
@@ -267,7 +341,11 @@ void Metrics::AddMethod(absl::string_view method) {
 void Metrics::SetDevices(absl::Span<const DeviceDescription> devices) {
   for (const DeviceDescription& device : devices) {
     const std::string index = std::to_string(device.index);
-    device_info_.Add({{"device", index}, {"kind", device.kind}, {"name", device.name}}).Set(1);
+    // GPUs carry the DCGM exporter's identity labels (CPU devices have none).
+    prometheus::Labels info = {{"device", index}, {"kind", device.kind}, {"name", device.name}};
+    if (!device.uuid.empty()) info["UUID"] = device.uuid;
+    if (!device.pci_bus_id.empty()) info["pci_bus_id"] = device.pci_bus_id;
+    device_info_.Add(info).Set(1);
     for (int peer : device.peers) {
       device_peer_access_.Add({{"device", index}, {"peer", std::to_string(peer)}}).Set(1);
     }

@@ -63,7 +63,9 @@ struct StageSeconds {
 //   gpucompute_transfer_duration_seconds{device,direction} histogram
 //   gpucompute_transfer_bytes_total{device,direction}      counter
 //     (direction: host_to_device, device_to_host)
-//   gpucompute_device_info{device,kind,name} = 1           gauge
+//   gpucompute_device_info{device,kind,name,UUID,pci_bus_id} = 1  gauge
+//     (GPUs also carry UUID and pci_bus_id, as the DCGM exporter labels
+//     its series, for joins: on (UUID) or on (pci_bus_id))
 //   gpucompute_device_memory_used_bytes{device},
 //   gpucompute_device_memory_total_bytes{device},
 //   gpucompute_device_inflight_shards{device},
@@ -79,6 +81,14 @@ struct StageSeconds {
 //   gpucompute_uploaded_bytes_total,
 //   gpucompute_downloaded_bytes_total,
 //   gpucompute_resident_expirations_total                  counters
+//   gpucompute_queue_duration_seconds                      histogram
+//   gpucompute_build_info{version,revision,compiler,cuda} = 1  gauge
+//   process_cpu_seconds_total, process_resident_memory_bytes,
+//   process_virtual_memory_bytes, process_open_fds, process_max_fds,
+//   process_start_time_seconds                             read at scrape,
+//     named as Prometheus's client libraries name them
+// Kernel, transfer and stage histograms have buckets from 1 us to 10 s;
+// request and queue histograms up to 60 s.
 // Thread-safe.
 class Metrics final : public ShardObserver {
  public:
@@ -137,6 +147,10 @@ class Metrics final : public ShardObserver {
   // there), or one stage of a stream ("receive", "send", ...).
   void ObserveStages(const StageSeconds& stages);
   void ObserveStage(absl::string_view stage, double seconds);
+  // An operation waited `seconds` from acceptance until it started: for a
+  // worker, for admission (--max_inflight_bytes) and for its devices' room;
+  // also observed when it gave up waiting (RESOURCE_EXHAUSTED, deadline).
+  void ObserveQueue(double seconds) { queue_duration_->Observe(seconds); }
   // Resident tensors' bytes moved by Upload and Download streams.
   void AddUploadedBytes(int64_t bytes) { uploaded_bytes_->Increment(static_cast<double>(bytes)); }
   void AddDownloadedBytes(int64_t bytes) {
@@ -203,6 +217,7 @@ class Metrics final : public ShardObserver {
   prometheus::Family<prometheus::Gauge>& resident_bytes_;
   prometheus::Family<prometheus::Gauge>& resident_tensors_;
   prometheus::Family<prometheus::Gauge>& resident_cap_;
+  prometheus::Histogram* queue_duration_;
   prometheus::Counter* uploaded_bytes_;
   prometheus::Counter* downloaded_bytes_;
   prometheus::Counter* expirations_;

@@ -174,15 +174,21 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   ASSIGN_OR_RETURN(const auto spec, Parse(request, options_.limits, &handles));
   const double decode_seconds = SecondsSince(decode_start);
   grpc::CallbackServerContext* context = call.context;
-  ASSIGN_OR_RETURN(*ticket, admission_->Admit(FootprintBytes(spec), call.deadline,
-                                              [context] { return context->IsCancelled(); }));
+  absl::StatusOr<Admission::Ticket> admitted = admission_->Admit(
+      FootprintBytes(spec), call.deadline, [context] { return context->IsCancelled(); });
+  const double queue_seconds = SecondsSince(call.accepted) - decode_seconds;
+  if (!admitted.ok()) {
+    metrics_->ObserveQueue(queue_seconds);
+    return admitted.status();
+  }
+  *ticket = *std::move(admitted);
   metrics_->AddInflightBytes(ticket->bytes());
   slot.Leave();
   if (context->IsCancelled()) return absl::CancelledError("the call was cancelled");
   if (absl::Now() >= call.deadline) {
+    metrics_->ObserveQueue(queue_seconds);
     return absl::DeadlineExceededError("the deadline passed before the operation started");
   }
-  const double queue_seconds = SecondsSince(call.accepted) - decode_seconds;
   // The devices' own admission waits no longer than the call.
   CallContext call_context;
   call_context.deadline = call.deadline;
@@ -190,6 +196,8 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   call_context.owner = call.owner;
   call_context.resident = handles.held();
   absl::StatusOr<OpResult> result = Run(*engine_, spec, call_context);
+  // The wait for the devices' room is known only when the operation ran.
+  metrics_->ObserveQueue(queue_seconds + (result.ok() ? result->device_wait_seconds : 0));
   if (!result.ok()) {
     if (on_no_healthy_device_ && !engine_->AnyHealthy()) on_no_healthy_device_();
     return result.status();

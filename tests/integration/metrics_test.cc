@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/integration/requests.h"
@@ -88,6 +89,24 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
     EXPECT_TRUE(absl::StrContains(m, absl::StrCat("# TYPE ", family, " ")))
         << "no metric family " << family;
   }
+  for (const char* family :
+       {"gpucompute_queue_duration_seconds histogram", "gpucompute_build_info gauge",
+        "process_cpu_seconds_total counter", "process_resident_memory_bytes gauge",
+        "process_virtual_memory_bytes gauge", "process_open_fds gauge", "process_max_fds gauge",
+        "process_start_time_seconds gauge"}) {
+    EXPECT_TRUE(absl::StrContains(m, absl::StrCat("# TYPE ", family, "\n"))) << family;
+  }
+  // Every operation that was admitted waited in the queue once (the invalid
+  // Gemm and the Echo did not).
+  EXPECT_EQ(Sum(m, "gpucompute_queue_duration_seconds_count"), 15);
+  EXPECT_EQ(Sum(m, "gpucompute_build_info", {"version=\""}), 1);
+  EXPECT_GT(Sum(m, "process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GT(Sum(m, "process_open_fds"), 3);
+  EXPECT_GT(Sum(m, "process_max_fds"), Sum(m, "process_open_fds"));
+  EXPECT_GT(Sum(m, "process_cpu_seconds_total"), 0);
+  const double now = absl::ToUnixSeconds(absl::Now());
+  EXPECT_LE(Sum(m, "process_start_time_seconds"), now + 1);
+  EXPECT_GT(Sum(m, "process_start_time_seconds"), now - 300);
   EXPECT_TRUE(absl::StrContains(m, "# TYPE gpucompute_request_duration_seconds histogram"));
   EXPECT_TRUE(absl::StrContains(m, "# TYPE gpucompute_kernel_duration_seconds histogram"));
 
@@ -131,6 +150,10 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
     ASSERT_TRUE(has("gpucompute_device_healthy"));
     const double used = Sum(m, "gpucompute_device_memory_used_bytes", {label});
     const double total = Sum(m, "gpucompute_device_memory_total_bytes", {label});
+    // GPUs carry the identity the DCGM exporter labels them with.
+    const bool identified =
+        absl::StrContains(m, absl::StrCat("UUID=\"GPU-")) && absl::StrContains(m, "pci_bus_id=\"");
+    EXPECT_EQ(identified, device.kind() == "cuda");
     if (device.kind() == "cpu") {
       EXPECT_EQ(used, 0);
       EXPECT_EQ(total, device.memory_bytes());

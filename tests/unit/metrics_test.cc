@@ -3,8 +3,10 @@
 #include "server/metrics/metrics.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +21,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "server/device/identity.h"
+#include "server/metrics/build_info.h"
+#include "server/metrics/process_stats.h"
 
 namespace gpucompute {
 namespace {
@@ -115,8 +121,19 @@ TEST(MetricsTest, EveryFamilyExistsWithConventionalNames) {
     ASSERT_NE(it, types.end()) << name << " is not exported";
     EXPECT_EQ(it->second, type) << name;
   }
+  for (const char* process : {"process_cpu_seconds_total", "process_resident_memory_bytes",
+                              "process_virtual_memory_bytes", "process_open_fds", "process_max_fds",
+                              "process_start_time_seconds"}) {
+    auto it = types.find(process);
+    ASSERT_NE(it, types.end()) << process << " is not exported";
+    EXPECT_EQ(it->second, absl::EndsWith(process, "_total") ? "counter" : "gauge") << process;
+  }
+  EXPECT_EQ(types.at("gpucompute_queue_duration_seconds"), "histogram");
+  EXPECT_EQ(types.at("gpucompute_build_info"), "gauge");
   for (const auto& [name, type] : types) {
-    EXPECT_TRUE(absl::StartsWith(name, "gpucompute_")) << name;
+    // Ours, or the process metrics every Prometheus client library exports.
+    EXPECT_TRUE(absl::StartsWith(name, "gpucompute_") || absl::StartsWith(name, "process_"))
+        << name;
     EXPECT_EQ(absl::EndsWith(name, "_total"), type == "counter") << name;
     if (type == "histogram") {
       EXPECT_TRUE(absl::EndsWith(name, "_seconds")) << name;
@@ -185,6 +202,150 @@ TEST(MetricsTest, ShardsMoveKernelSeriesAndDevicesAreListed) {
           text,
           R"(gpucompute_kernel_duration_seconds_count{device="1",dtype="bfloat16",op="gemm",variant="openblas"})"),
       2);
+}
+
+TEST(MetricsTest, KernelBucketsStartAtOneMicrosecond) {
+  Metrics metrics;
+  std::vector<DeviceDescription> devices = GpuPair();
+  metrics.SetDevices(devices);
+  ShardTiming shard;
+  shard.run.variant = "v9";
+  shard.run.kernel_seconds = 2e-6;
+  metrics.OnShard(OpKind::kGemv, DType::kFloat16, devices[0], shard);
+  shard.run.kernel_seconds = 7e-6;
+  metrics.OnShard(OpKind::kGemv, DType::kFloat16, devices[0], shard);
+  const std::string text = metrics.Scrape();
+  const std::string series =
+      R"(gpucompute_kernel_duration_seconds_bucket{device="0",dtype="float16",op="gemv",variant="v9",le=")";
+  EXPECT_EQ(Sample(text, series + R"(1e-06"})"), 0) << text;
+  EXPECT_EQ(Sample(text, series + R"(2.5e-06"})"), 1);
+  EXPECT_EQ(Sample(text, series + R"(5e-06"})"), 1);
+  EXPECT_EQ(Sample(text, series + R"(1e-05"})"), 2);
+  EXPECT_EQ(Sample(text, series + R"(+Inf"})"), 2);
+}
+
+TEST(MetricsTest, QueueTimeIsAHistogram) {
+  Metrics metrics;
+  metrics.ObserveQueue(0.003);
+  metrics.ObserveQueue(20);
+  metrics.ObserveQueue(2e-5);
+  const std::string text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, "gpucompute_queue_duration_seconds_count"), 3);
+  EXPECT_NEAR(Sample(text, "gpucompute_queue_duration_seconds_sum"), 20.00302, 1e-9);
+  EXPECT_EQ(Sample(text, R"(gpucompute_queue_duration_seconds_bucket{le="1e-05"})"), 0) << text;
+  EXPECT_EQ(Sample(text, R"(gpucompute_queue_duration_seconds_bucket{le="5e-05"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_queue_duration_seconds_bucket{le="0.005"})"), 2);
+  EXPECT_EQ(Sample(text, R"(gpucompute_queue_duration_seconds_bucket{le="10"})"), 2);
+  EXPECT_EQ(Sample(text, R"(gpucompute_queue_duration_seconds_bucket{le="30"})"), 3);
+  EXPECT_EQ(Sample(text, R"(gpucompute_queue_duration_seconds_bucket{le="60"})"), 3);
+}
+
+TEST(MetricsTest, GpusCarryTheDcgmIdentityLabels) {
+  Metrics metrics;
+  std::vector<DeviceDescription> devices = GpuPair();
+  devices[1].uuid = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52";
+  devices[1].pci_bus_id = "00000000:19:00.0";
+  devices.push_back(Cpu(2));
+  metrics.SetDevices(devices);
+  const std::string text = metrics.Scrape();
+  EXPECT_EQ(
+      Sample(
+          text,
+          R"x(gpucompute_device_info{UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",device="1",kind="cuda",name="H200 (cuda:1)",pci_bus_id="00000000:19:00.0"})x"),
+      1)
+      << text;
+  // Devices without an identity (CPU devices) carry no empty labels.
+  EXPECT_EQ(Sample(text, R"(gpucompute_device_info{device="2",kind="cpu",name="cpu:2"})"), 1);
+}
+
+TEST(DeviceIdentityTest, FormatsAsNvmlDoes) {
+  const unsigned char uuid[16] = {0x60, 0x4a, 0xc7, 0x6c, 0xd9, 0xcf, 0xfe, 0xf3,
+                                  0x62, 0xe9, 0xd9, 0x20, 0x44, 0xab, 0x6e, 0x52};
+  EXPECT_EQ(GpuUuidString(uuid), "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52");
+  EXPECT_EQ(PciBusIdString(0, 0x19, 0), "00000000:19:00.0");
+  EXPECT_EQ(PciBusIdString(1, 0xab, 0x1f), "00000001:AB:1F.0");
+}
+
+TEST(MetricsTest, BuildInfoNamesThisBuild) {
+  Metrics metrics;
+  const std::string text = metrics.Scrape();
+  const BuildInfo& build = ThisBuild();
+  EXPECT_EQ(build.version, GPUCOMPUTE_TEST_VERSION);
+  EXPECT_FALSE(build.revision.empty());
+  EXPECT_FALSE(build.compiler.empty());
+  EXPECT_FALSE(build.cuda.empty());
+  EXPECT_EQ(Sample(text, absl::StrCat("gpucompute_build_info{compiler=\"", build.compiler,
+                                      "\",cuda=\"", build.cuda, "\",revision=\"", build.revision,
+                                      "\",version=\"", build.version, "\"}")),
+            1)
+      << text;
+}
+
+TEST(ProcessStatsTest, ParsesAStatLineWhoseNameHoldsSpacesAndParentheses) {
+  // Fields 3..24 of proc(5); utime 250, stime 50 ticks, starttime 1000 ticks,
+  // vsize 123456789 bytes, rss 300 pages.
+  const std::string stat =
+      "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1000 123456789 "
+      "300 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0";
+  absl::StatusOr<ProcessStats> stats = ParseProcStat(stat, 100, 4096, 1.7e9);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_DOUBLE_EQ(stats->cpu_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(stats->start_time_seconds, 1.7e9 + 10);
+  EXPECT_EQ(stats->virtual_bytes, 123456789);
+  EXPECT_EQ(stats->resident_bytes, 300 * 4096);
+  EXPECT_EQ(ParseProcStat("4242 (x) S 1 2 3", 100, 4096, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseProcStat("4242 x S 1 2 3", 100, 4096, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProcessStatsTest, ReadsThisProcess) {
+  absl::StatusOr<ProcessStats> before = ReadProcessStats();
+  ASSERT_TRUE(before.ok()) << before.status();
+  // CPU time as getrusage counts it (to the kernel's tick), after some work.
+  auto rusage_seconds = [] {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+           1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+  };
+  const double cpu_before = rusage_seconds();
+  volatile double sink = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (rusage_seconds() - cpu_before < 0.2 && absl::Now() < give_up) {
+    for (int i = 0; i < 100000; ++i) sink = sink + i * 0.5;
+  }
+  const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  absl::StatusOr<ProcessStats> after = ReadProcessStats();
+  const double cpu_after = rusage_seconds();
+  close(fd);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_GE(after->cpu_seconds - before->cpu_seconds, 0.15);
+  EXPECT_NEAR(after->cpu_seconds, cpu_after, 0.05);
+  EXPECT_EQ(after->open_fds, before->open_fds + 1);
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  EXPECT_EQ(after->max_fds, int64_t(limit.rlim_cur));
+  const double now = absl::ToUnixSeconds(absl::Now());
+  EXPECT_LE(after->start_time_seconds, now + 1);
+  EXPECT_GT(after->start_time_seconds, now - 600) << "this test started over 10 minutes ago?";
+  EXPECT_GT(after->resident_bytes, 1 << 20);
+  EXPECT_GE(after->virtual_bytes, after->resident_bytes);
+}
+
+TEST(MetricsTest, ScrapeExportsTheProcessStats) {
+  Metrics metrics;
+  const std::string text = metrics.Scrape();
+  absl::StatusOr<ProcessStats> stats = ReadProcessStats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(Sample(text, "process_max_fds"), double(stats->max_fds));
+  EXPECT_GT(Sample(text, "process_resident_memory_bytes"), 0);
+  EXPECT_GT(Sample(text, "process_virtual_memory_bytes"), 0);
+  EXPECT_NEAR(Sample(text, "process_start_time_seconds"), stats->start_time_seconds, 0.02);
+  EXPECT_GE(Sample(text, "process_open_fds"), 3);
+  EXPECT_GE(Sample(text, "process_cpu_seconds_total"), 0);
+  EXPECT_LE(Sample(text, "process_cpu_seconds_total"), stats->cpu_seconds);
 }
 
 TEST(MetricsTest, ShardsMoveTransferSeries) {

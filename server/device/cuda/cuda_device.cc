@@ -17,6 +17,7 @@
 #include "server/common/status_macros.h"
 #include "server/device/cuda/cuda_util.h"
 #include "server/device/cuda/shard_scope.h"
+#include "server/device/identity.h"
 
 namespace gpucompute::cuda {
 namespace {
@@ -134,6 +135,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal, int 
   d->description_.index = index;
   d->description_.kind = "cuda";
   d->description_.name = absl::StrCat(prop.name, " (cuda:", ordinal, ")");
+  static_assert(sizeof(prop.uuid.bytes) == 16);
+  d->description_.uuid = GpuUuidString(reinterpret_cast<const unsigned char*>(prop.uuid.bytes));
+  d->description_.pci_bus_id = PciBusIdString(prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
   d->description_.memory_bytes = int64_t(prop.totalGlobalMem);
   d->description_.compute_units = prop.multiProcessorCount;
   d->description_.weight = weight;
