@@ -519,7 +519,10 @@ Client::Client(ClientOptions options, std::string channel_target,
       args_(std::move(args)),
       channel_(grpc::CreateCustomChannel(channel_target_, credentials_, args_)),
       stub_(v1::Compute::NewStub(channel_)),
-      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {}
+      health_stub_(grpc::health::v1::Health::NewStub(channel_)) {
+  balanced_ = options_.lb_policy == "round_robin" ||
+              (options_.lb_policy.empty() && channel_target_ != options_.target);
+}
 
 grpc::Channel* Client::TransferChannel(int i) const {
   absl::MutexLock lock(&transfer_mu_);
@@ -581,7 +584,7 @@ absl::StatusOr<Response> Client::RunOp(const Request& request, const CallOptions
       inline_bytes += static_cast<int64_t>(t.data().size());
     }
   }
-  if (options_.offload_min_bytes <= 0 || inline_bytes < options_.offload_min_bytes) {
+  if (options_.offload_min_bytes <= 0 || inline_bytes < options_.offload_min_bytes || balanced_) {
     return Unary(options_, call, *stub_, method, request);
   }
   const absl::Duration timeout =
@@ -741,6 +744,9 @@ absl::StatusOr<v1::TensorInfo> Client::UploadImpl(v1::DType dtype,
       !status.ok()) {
     return status;
   }
+  // Over several servers, the parts of one tensor must not land on different
+  // ones: one stream.
+  if (balanced_) streams = 1;
   const std::vector<ByteRange> parts = SplitTransfer(*bytes, streams, options_.parallel_min_bytes);
 
   v1::UploadHeader header;
@@ -800,6 +806,7 @@ absl::StatusOr<v1::TensorInfo> Client::DownloadWith(
       !status.ok()) {
     return status;
   }
+  if (balanced_) streams = 1;  // as in UploadImpl
   // Contexts for every stream the transfer may use, so that the first failure
   // can cancel all of them.
   StreamGroup group(streams, options_, call);

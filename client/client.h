@@ -120,7 +120,9 @@ struct ClientOptions {
   // streams and every handle is freed; the caller sees the same request and
   // response. One unary message moves about 2.5 GB/s over loopback, parallel
   // streams about 11 GB/s. Where the upload is refused (an older server, a
-  // full quota) the call goes as one message. 0: always one message.
+  // full quota) the call goes as one message. 0: always one message. Never
+  // with round_robin over several servers (resident tensors stay on the
+  // server that holds them).
   int64_t offload_min_bytes = int64_t{64} << 20;
 };
 
@@ -362,6 +364,10 @@ class Client {
 
   ClientOptions options_;
   std::string channel_target_;  // ChannelTarget(options_.target)
+  // Calls are spread over several servers (round_robin): a resident tensor
+  // made by one call may not be on the server of the next, so large inline
+  // operations are not offloaded.
+  bool balanced_ = false;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   grpc::ChannelArguments args_;
   std::shared_ptr<grpc::Channel> channel_;

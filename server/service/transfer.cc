@@ -170,12 +170,7 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
         v1::UploadRequest chunk;
         std::vector<wire::ExternalField> external;
         failed = wire::Parse(raw, &chunk, &external, kExternalBytes, "request");
-        if (!failed.ok()) {
-        } else if (assembly_ == nullptr) {
-          failed = Begin(chunk);
-        } else if (chunk.has_header()) {
-          failed = Invalid("header", "only the first message of a stream carries one");
-        }
+        if (failed.ok()) failed = CheckHeader(chunk);
         if (failed.ok() && !aborted_) {
           StartRead(&incoming_);
           failed = Copy(chunk, external);
@@ -256,10 +251,21 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
     return assembly_->AddPart(begin_, end_);
   }
 
+  // Starts the upload on the stream's first message; a later one carries no
+  // header.
+  absl::Status CheckHeader(const v1::UploadRequest& chunk) {
+    if (assembly_ == nullptr) return Begin(chunk);
+    if (chunk.has_header()) {
+      return Invalid("header", "only the first message of a stream carries one");
+    }
+    return absl::OkStatus();
+  }
+
   // Writes one chunk's bytes where they belong: from the message, or (a
   // large chunk) straight from gRPC's slices.
   absl::Status Copy(const v1::UploadRequest& chunk,
                     const std::vector<wire::ExternalField>& external) {
+    // `data` is the message's only bytes field: any external one is it.
     const wire::SliceBytes* slices = external.empty() ? nullptr : &external.front().bytes;
     const int64_t n =
         slices != nullptr ? slices->size() : static_cast<int64_t>(chunk.data().size());
