@@ -569,10 +569,11 @@ TEST_F(ServerTest, HealthServingAndDrainAnswersInFlightAndRefusesNew) {
   ASSERT_TRUE(HealthCheck(channel_.get(), "gpucompute.v1.Compute", &health).ok());
   EXPECT_EQ(health, std::string("\x08\x01", 2));
 
-  // A slow request (the naive GEMM) in flight when the drain starts.
+  // A slow request (the naive GEMM, a few hundred ms) in flight when the
+  // drain starts: the window in which new calls must be refused.
   v1::GemmRequest slow;
-  *slow.mutable_a() = RandomTensor({800, 800}, rng_);
-  *slow.mutable_b() = RandomTensor({800, 800}, rng_);
+  *slow.mutable_a() = RandomTensor({1200, 1200}, rng_);
+  *slow.mutable_b() = RandomTensor({1200, 1200}, rng_);
   slow.mutable_options()->set_variant("naive");
   grpc::Status slow_status;
   v1::GemmResponse slow_response;
@@ -594,7 +595,8 @@ TEST_F(ServerTest, HealthServingAndDrainAnswersInFlightAndRefusesNew) {
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
   EXPECT_TRUE(absl::StrContains(refused.error_message(), "shutting down"))
       << refused.error_message();
-  ASSERT_TRUE(HealthCheck(channel_.get(), "gpucompute.v1.Compute", &health).ok());
+  // EXPECT, not ASSERT: the threads below must be joined either way.
+  EXPECT_TRUE(HealthCheck(channel_.get(), "gpucompute.v1.Compute", &health).ok());
   EXPECT_EQ(health, std::string("\x08\x02", 2));  // NOT_SERVING
   client.join();
   stopper.join();
