@@ -7,14 +7,19 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-.gpu-server}"
 cmake --preset h200 >/dev/null
-cmake --build --preset h200 -j "$(nproc)" --target gpucompute-server gpucompute integration_test
+cmake --build --preset h200 -j "$(nproc)" --target gpucompute-server gpucompute integration_test \
+  gc_sweep_memops kernels_gemv_test kernels_reduce_test kernels_transpose_test
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
    build/h200/tests/integration/integration_test deploy/gpu/verify-server.sh deploy/gpu/check-multi-gpu.sh \
-   deploy/gpu/bench-data-path.sh "$out/bin/"
+   deploy/gpu/bench-data-path.sh deploy/gpu/sweep-memops.sh build/h200/tests/sweep/gc_sweep_memops \
+   tests/sweep/torch_vendor.py build/h200/tests/kernels/kernels_gemv_test \
+   build/h200/tests/kernels/kernels_reduce_test build/h200/tests/kernels/kernels_transpose_test "$out/bin/"
 skip='/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas[A-Za-z]*|libnvidia[^/]*|libssl|libcrypto)\.so'
-for bin in "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test; do
+for bin in "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test \
+           "$out"/bin/gc_sweep_memops; do
   ldd "$bin" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -Ev "$skip" || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
-strip "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test "$out"/lib/*.so* 2>/dev/null || true
+strip "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test \
+  "$out"/bin/gc_sweep_memops "$out"/bin/kernels_*_test "$out"/lib/*.so* 2>/dev/null || true
 du -sh "$out"

@@ -46,14 +46,17 @@
 //                0.97x, bf16 3779 GB/s 0.86x; n=4: f32 1.60x, bf16 0.56x GemmEx.
 //   trans_wide   trans_split with up to 4 segments side by side per warp
 //                (2 KiB of a row): a regression, f32 0.90x, bf16 0.65x at n=1.
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <type_traits>
 
 #include "gpucompute/kernels/gemv.h"
+#include "heuristics/gemv_heuristics.h"
 #include "launch_util.h"
 
 namespace gpucompute::kernels {
@@ -275,10 +278,39 @@ __global__ void __launch_bounds__(kThreads) GemvSmemXKernel(GemvParams p) {
   if (lane == 0) WriteY(p, row, s);
 }
 
+// The kNcols values of row j of x as floats: one or two vector loads when x
+// rows are exactly kNcols wide and aligned (`vec`), else element by element
+// (columns past ncols read as 0).
+template <typename T, int kNcols>
+__device__ __forceinline__ void LoadXRow(const GemvParams& p, int64_t j, bool vec, float* out) {
+  const T* x = static_cast<const T*>(p.x);
+  constexpr int kBytes = kNcols * int(sizeof(T));
+  // Whole 4-, 8- or 16-byte chunks only (3, 5, 6 or 7 columns: element loads).
+  if constexpr (kBytes == 4 || kBytes == 8 || kBytes % 16 == 0) {
+    if (vec) {
+      constexpr int kChunk = kBytes < 16 ? kBytes : 16;
+      constexpr int kPer = kChunk / int(sizeof(T));
+#pragma unroll
+      for (int q = 0; q < kBytes / kChunk; ++q) {
+        uint32_t w[(kChunk + 3) / 4];
+        LoadWords<kChunk>(x + j * kNcols + q * kPer, w);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) out[q * kPer + e] = ElemOf<T>(w, e);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kNcols; ++c) out[c] = c < p.ncols ? ToFloat(__ldg(x + j * p.ncols + c)) : 0.f;
+}
+
 // ---------------------------------------------------------------------------
 // batched: kNcols columns of x, each row of A read once. A warp owns kRows
 // consecutive rows; each lane's x vector (kV rows of x, all columns) is read
-// once and used for all kRows rows. Blocks loop over row groups.
+// once and used for all kRows rows. kSplit warps share one row group, each
+// taking every kSplit-th run of 32 vectors along k, and meet in shared memory
+// (kSplit = 1: a warp alone, no shared memory): short, wide problems (m small
+// against k) still fill the machine. Blocks loop over row groups.
 // REQUIRES: a, x 16-byte aligned, lda a multiple of the vector width.
 
 template <int kNcols>
@@ -289,71 +321,139 @@ struct BatchedConfig {
   static_assert(kRows * kUnroll == 4, "loads in flight per lane");
 };
 
-template <typename T, int kNcols>
-__global__ void __launch_bounds__(kThreads) GemvBatchedKernel(GemvParams p) {
+// One warp's share of row group `row0`: the sums over its runs of k, in acc.
+template <typename T, int kNcols, int kSplit>
+__device__ __forceinline__ void BatchedAccumulate(const GemvParams& p, int64_t row0, int sub,
+                                                  int lane,
+                                                  float (&acc)[BatchedConfig<kNcols>::kRows][kNcols]) {
   constexpr int kV = 16 / sizeof(T);
   constexpr int kR = BatchedConfig<kNcols>::kRows;
   constexpr int kU = BatchedConfig<kNcols>::kUnroll;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
+  constexpr int kStep = kWarpSize * kSplit;  // vectors between a lane's consecutive loads
   const int64_t kvec = p.k / kV;
-  const int64_t groups = (p.m + kR - 1) / kR;
   const T* x = static_cast<const T*>(p.x);
-  for (int64_t g = int64_t(blockIdx.x) * kWarpsPerBlock + warp; g < groups;
-       g += int64_t(gridDim.x) * kWarpsPerBlock) {
-    const int64_t row0 = g * kR;
-    const T* a[kR];
+  const T* a[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) a[r] = RowPtr<T>(p, std::min(row0 + r, p.m - 1));  // past m: re-read, discarded
-    float acc[kR][kNcols] = {};
+  for (int r = 0; r < kR; ++r) a[r] = RowPtr<T>(p, std::min(row0 + r, p.m - 1));  // past m: re-read, discarded
 
-    auto accumulate = [&](const uint32_t(&wa)[kR][4], const uint32_t(&wx)[kNcols][4]) {
+  auto accumulate = [&](const uint32_t(&wa)[kR][4], const uint32_t(&wx)[kNcols][4]) {
 #pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        float xe[kNcols];
+    for (int e = 0; e < kV; ++e) {
+      float xe[kNcols];
 #pragma unroll
-        for (int c = 0; c < kNcols; ++c) xe[c] = ElemOf<T>(wx[(e * kNcols + c) / kV], (e * kNcols + c) % kV);
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          const float ae = ElemOf<T>(wa[r], e);
-#pragma unroll
-          for (int c = 0; c < kNcols; ++c) acc[r][c] = fmaf(ae, xe[c], acc[r][c]);
-        }
-      }
-    };
-
-    int64_t i = lane;
-    for (; i + kWarpSize * (kU - 1) < kvec; i += kWarpSize * kU) {
-      uint32_t wa[kU][kR][4], wx[kU][kNcols][4];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-#pragma unroll
-        for (int r = 0; r < kR; ++r) LoadStream16(a[r] + (i + kWarpSize * u) * kV, wa[u][r]);
-#pragma unroll
-        for (int c = 0; c < kNcols; ++c)
-          LoadWords<16>(x + ((i + kWarpSize * u) * kNcols + c) * kV, wx[u][c]);
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) accumulate(wa[u], wx[u]);
-    }
-    for (; i < kvec; i += kWarpSize) {
-      uint32_t wa[kR][4], wx[kNcols][4];
-#pragma unroll
-      for (int r = 0; r < kR; ++r) LoadStream16(a[r] + i * kV, wa[r]);
-#pragma unroll
-      for (int c = 0; c < kNcols; ++c) LoadWords<16>(x + (i * kNcols + c) * kV, wx[c]);
-      accumulate(wa, wx);
-    }
-    for (int64_t j = kvec * kV + lane; j < p.k; j += kWarpSize) {
+      for (int c = 0; c < kNcols; ++c) xe[c] = ElemOf<T>(wx[(e * kNcols + c) / kV], (e * kNcols + c) % kV);
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        const float ae = ToFloat(a[r][j]);
+        const float ae = ElemOf<T>(wa[r], e);
 #pragma unroll
-        for (int c = 0; c < kNcols; ++c) acc[r][c] = fmaf(ae, ToFloat(x[j * kNcols + c]), acc[r][c]);
+        for (int c = 0; c < kNcols; ++c) acc[r][c] = fmaf(ae, xe[c], acc[r][c]);
       }
     }
-    // Every lane ends with every sum; lane r*kNcols + c writes y[row0 + r, c],
-    // so that the kR*kNcols outputs (contiguous in y) go out in one store.
+  };
+
+  int64_t i = int64_t(sub) * kWarpSize + lane;
+  for (; i + kStep * (kU - 1) < kvec; i += kStep * kU) {
+    uint32_t wa[kU][kR][4], wx[kU][kNcols][4];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) LoadStream16(a[r] + (i + kStep * u) * kV, wa[u][r]);
+#pragma unroll
+      for (int c = 0; c < kNcols; ++c) LoadWords<16>(x + ((i + kStep * u) * kNcols + c) * kV, wx[u][c]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) accumulate(wa[u], wx[u]);
+  }
+  for (; i < kvec; i += kStep) {
+    uint32_t wa[kR][4], wx[kNcols][4];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) LoadStream16(a[r] + i * kV, wa[r]);
+#pragma unroll
+    for (int c = 0; c < kNcols; ++c) LoadWords<16>(x + (i * kNcols + c) * kV, wx[c]);
+    accumulate(wa, wx);
+  }
+  for (int64_t j = kvec * kV + int64_t(sub) * kWarpSize + lane; j < p.k; j += kStep) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const float ae = ToFloat(a[r][j]);
+#pragma unroll
+      for (int c = 0; c < kNcols; ++c) acc[r][c] = fmaf(ae, ToFloat(x[j * kNcols + c]), acc[r][c]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// scalar: the batched kernel for rows that cannot be read in 16-byte vectors
+// (an lda that is not a multiple of 16 bytes, a misaligned A or x): lanes
+// read consecutive elements of kRows rows (coalesced, any alignment), every
+// column of x at once (one vector load of an x row where it is aligned), 8
+// loads of A in flight per lane. Replaces warp_row, which reads A once per
+// column of x.
+
+template <typename T, int kNcols, int kSplit>
+__device__ __forceinline__ void ScalarAccumulate(const GemvParams& p, int64_t row0, int sub,
+                                                 int lane,
+                                                 float (&acc)[BatchedConfig<kNcols>::kRows][kNcols]) {
+  constexpr int kR = BatchedConfig<kNcols>::kRows;
+  constexpr int kU = 8 / kR;  // elements of each row in flight per lane
+  constexpr int kStep = kWarpSize * kSplit;
+  const T* a[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) a[r] = RowPtr<T>(p, std::min(row0 + r, p.m - 1));  // past m: re-read, discarded
+  constexpr int kXBytes = kNcols * int(sizeof(T));
+  const bool x_vec = reinterpret_cast<uintptr_t>(p.x) % (kXBytes < 16 ? kXBytes : 16) == 0;
+  int64_t j = int64_t(sub) * kWarpSize + lane;
+  for (; j + kStep * (kU - 1) < p.k; j += kStep * kU) {
+    float av[kU][kR], xv[kU][kNcols];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) av[u][r] = ToFloat(__ldg(a[r] + j + kStep * u));
+      LoadXRow<T, kNcols>(p, j + kStep * u, x_vec, xv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int c = 0; c < kNcols; ++c) acc[r][c] = fmaf(av[u][r], xv[u][c], acc[r][c]);
+  }
+  for (; j < p.k; j += kStep) {
+    float xv[kNcols];
+    LoadXRow<T, kNcols>(p, j, x_vec, xv);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const float av = ToFloat(__ldg(a[r] + j));
+#pragma unroll
+      for (int c = 0; c < kNcols; ++c) acc[r][c] = fmaf(av, xv[c], acc[r][c]);
+    }
+  }
+}
+
+template <typename T, int kNcols, int kSplit, bool kScalar>
+__global__ void __launch_bounds__(kThreads) GemvBatchedKernel(GemvParams p) {
+  constexpr int kR = BatchedConfig<kNcols>::kRows;
+  constexpr int kOut = kR * kNcols;        // outputs of a row group, contiguous in y
+  constexpr int kGroups = kWarpsPerBlock / kSplit;  // row groups a block holds at once
+  static_assert(kWarpsPerBlock % kSplit == 0, "whole groups per block");
+  __shared__ float red[kSplit > 1 ? kWarpsPerBlock : 1][kOut];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int grp = warp / kSplit, sub = warp % kSplit;
+  const int64_t groups = (p.m + kR - 1) / kR;
+  // Every warp of a block runs the same number of rounds (the barrier below).
+  for (int64_t base = int64_t(blockIdx.x) * kGroups; base < groups;
+       base += int64_t(gridDim.x) * kGroups) {
+    const int64_t g = base + grp;
+    const bool active = g < groups;
+    const int64_t row0 = g * kR;
+    float acc[kR][kNcols] = {};
+    if (active) {
+      if constexpr (kScalar) ScalarAccumulate<T, kNcols, kSplit>(p, row0, sub, lane, acc);
+      else BatchedAccumulate<T, kNcols, kSplit>(p, row0, sub, lane, acc);
+    }
+    // Every lane ends with every sum; lane r*kNcols + c holds y[row0 + r, c],
+    // so that the group's outputs go out in one store.
     float mine = 0.f;
 #pragma unroll
     for (int r = 0; r < kR; ++r)
@@ -362,7 +462,138 @@ __global__ void __launch_bounds__(kThreads) GemvBatchedKernel(GemvParams p) {
         const float s = WarpSum(acc[r][c]);
         if (lane == r * kNcols + c) mine = s;
       }
-    if (lane < kR * kNcols && row0 + lane / kNcols < p.m) WriteY(p, row0 * kNcols + lane, mine);
+    const bool writes = active && lane < kOut && row0 + lane / kNcols < p.m;
+    if constexpr (kSplit == 1) {
+      if (writes) WriteY(p, row0 * kNcols + lane, mine);
+    } else {
+      if (lane < kOut) red[warp][lane] = mine;
+      __syncthreads();
+      if (sub == 0 && writes) {
+        float s = red[warp][lane];
+#pragma unroll
+        for (int w = 1; w < kSplit; ++w) s += red[warp + w][lane];  // fixed order
+        WriteY(p, row0 * kNcols + lane, s);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// mma: fp16/bf16 with several columns on the tensor cores. With n columns the
+// batched kernel does n FMAs (and the conversions) per element of A and runs
+// out of issue slots before HBM runs out of bytes (n = 8 bf16: 0.45x cuBLAS).
+// Here a warp owns 16 rows and computes them against x (padded to 8 columns)
+// with mma.sync m16n8k16 (fp32 accumulation). The sum over k does not care
+// about the order of k, so each lane reads 16 contiguous bytes of A (k =
+// 8*tig .. 8*tig+7 of a block of 32) and gives them to two MMAs as the k
+// indices the fragment layout expects there; x goes through the same
+// permutation (element loads of column g, from L1). kSplit warps share each
+// row group along k, as in batched.
+// REQUIRES: fp16 or bf16; a 16-byte aligned, lda a multiple of 8.
+
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Raw 16 bits of x[j][c] (0 where c >= ncols or j >= k).
+template <typename T>
+__device__ __forceinline__ uint32_t XBits(const GemvParams& p, int64_t j, int c) {
+  if (c >= p.ncols || j >= p.k) return 0u;
+  return __ldg(static_cast<const unsigned short*>(p.x) + j * p.ncols + c);
+}
+
+template <typename T, int kSplit>
+__global__ void __launch_bounds__(kThreads) GemvMmaKernel(GemvParams p) {
+  constexpr int kRows = 16;
+  constexpr int kBlockK = 32;  // k per pair of MMAs
+  constexpr int kGroups = kWarpsPerBlock / kSplit;
+  static_assert(kWarpsPerBlock % kSplit == 0, "whole groups per block");
+  __shared__ float red[kSplit > 1 ? kWarpsPerBlock : 1][kWarpSize * 4];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int grp = warp / kSplit, sub = warp % kSplit;
+  const int g = lane >> 2, tig = lane & 3;
+  const int64_t groups = (p.m + kRows - 1) / kRows;
+  const int64_t kblocks = (p.k + kBlockK - 1) / kBlockK;
+  const int64_t full_blocks = p.k / kBlockK;
+  for (int64_t base = int64_t(blockIdx.x) * kGroups; base < groups;
+       base += int64_t(gridDim.x) * kGroups) {
+    const int64_t grp_index = base + grp;
+    const bool active = grp_index < groups;
+    const int64_t row0 = grp_index * kRows;
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    if (active) {
+      const T* a_lo = RowPtr<T>(p, std::min(row0 + g, p.m - 1));
+      const T* a_hi = RowPtr<T>(p, std::min(row0 + g + 8, p.m - 1));
+      auto block = [&](int64_t kb, bool full) {
+        const int64_t k0 = kb * kBlockK + 8 * tig;
+        uint32_t lo[4], hi[4], xb[4];
+        if (full) {
+          LoadStream16(a_lo + k0, lo);
+          LoadStream16(a_hi + k0, hi);
+        } else {
+          const unsigned short* rl = reinterpret_cast<const unsigned short*>(a_lo);
+          const unsigned short* rh = reinterpret_cast<const unsigned short*>(a_hi);
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const int64_t e = k0 + 2 * w;
+            lo[w] = (e < p.k ? uint32_t(__ldg(rl + e)) : 0u) |
+                    (e + 1 < p.k ? uint32_t(__ldg(rl + e + 1)) << 16 : 0u);
+            hi[w] = (e < p.k ? uint32_t(__ldg(rh + e)) : 0u) |
+                    (e + 1 < p.k ? uint32_t(__ldg(rh + e + 1)) << 16 : 0u);
+          }
+        }
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+          xb[w] = XBits<T>(p, k0 + 2 * w, g) | (XBits<T>(p, k0 + 2 * w + 1, g) << 16);
+        const uint32_t a1[4] = {lo[0], hi[0], lo[1], hi[1]};
+        Mma16816<T>(d, a1, xb[0], xb[1]);
+        const uint32_t a2[4] = {lo[2], hi[2], lo[3], hi[3]};
+        Mma16816<T>(d, a2, xb[2], xb[3]);
+      };
+      int64_t kb = sub;
+      for (; kb + kSplit < full_blocks; kb += 2 * kSplit) {  // two blocks in flight
+        block(kb, true);
+        block(kb + kSplit, true);
+      }
+      for (; kb < kblocks; kb += kSplit) block(kb, kb < full_blocks);
+    }
+    // d[0..1]: row g, columns 2*tig, 2*tig+1; d[2..3]: row g + 8.
+    if constexpr (kSplit > 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][lane * 4 + i] = d[i];
+      __syncthreads();
+      if (sub == 0) {
+#pragma unroll
+        for (int w = 1; w < kSplit; ++w)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) d[i] += red[warp + w][lane * 4 + i];  // fixed order
+      }
+      __syncthreads();
+    }
+    if (active && sub == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t row = row0 + g + (i >= 2 ? 8 : 0);
+        const int col = 2 * tig + (i & 1);
+        if (row < p.m && col < p.ncols) WriteY(p, row * p.ncols + col, d[i]);
+      }
+    }
   }
 }
 
@@ -405,31 +636,6 @@ struct TransSplitConfig {
   static_assert(kLoadBytes == 16 || kLoadBytes == 8 || kVw == 1, "16-, 8-byte or scalar loads");
   static_assert(kVw * kQ * kNcols <= 32, "accumulators per thread");
 };
-
-// The kNcols values of row j of x as floats: one or two vector loads when x
-// rows are exactly kNcols wide and aligned (`vec`), else element by element
-// (columns past ncols read as 0).
-template <typename T, int kNcols>
-__device__ __forceinline__ void LoadXRow(const GemvParams& p, int64_t j, bool vec, float* out) {
-  const T* x = static_cast<const T*>(p.x);
-  constexpr int kBytes = kNcols * int(sizeof(T));
-  if constexpr (kBytes >= 4) {
-    if (vec) {
-      constexpr int kChunk = kBytes < 16 ? kBytes : 16;
-      constexpr int kPer = kChunk / int(sizeof(T));
-#pragma unroll
-      for (int q = 0; q < kBytes / kChunk; ++q) {
-        uint32_t w[(kChunk + 3) / 4];
-        LoadWords<kChunk>(x + j * kNcols + q * kPer, w);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) out[q * kPer + e] = ElemOf<T>(w, e);
-      }
-      return;
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < kNcols; ++c) out[c] = c < p.ncols ? ToFloat(__ldg(x + j * p.ncols + c)) : 0.f;
-}
 
 template <typename T, int kNcols, int kVw, int kQ>
 __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
@@ -560,20 +766,29 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
 // ---------------------------------------------------------------------------
 // Host side.
 
-enum class Kind { kWarpRow, kVec16, kSmemX, kBatched, kTransNaive, kTransSplit, kTransWide };
+enum class Kind {
+  kWarpRow, kVec16, kSmemX, kBatched, kScalar, kMma, kTransNaive, kTransSplit, kTransWide,
+  kCublas
+};
 
 struct VariantInfo {
   const char* name;
   Kind kind;
-  int tile_v;  // smem_x only
+  int param;  // smem_x: TILE_V; batched, scalar, mma: warps per row group (kSplit)
 };
 
 constexpr VariantInfo kVariantTable[] = {
     {"warp_row", Kind::kWarpRow, 0},      {"vec16", Kind::kVec16, 0},
     {"smem_x", Kind::kSmemX, 2048},       {"smem_x_t512", Kind::kSmemX, 512},
     {"smem_x_t1024", Kind::kSmemX, 1024}, {"smem_x_t4096", Kind::kSmemX, 4096},
-    {"batched", Kind::kBatched, 0},       {"trans_naive", Kind::kTransNaive, 0},
-    {"trans_split", Kind::kTransSplit, 0}, {"trans_wide", Kind::kTransWide, 0},
+    {"batched", Kind::kBatched, 1},       {"batched_w2", Kind::kBatched, 2},
+    {"batched_w4", Kind::kBatched, 4},    {"batched_w8", Kind::kBatched, 8},
+    {"scalar", Kind::kScalar, 1},         {"scalar_w2", Kind::kScalar, 2},
+    {"scalar_w4", Kind::kScalar, 4},      {"scalar_w8", Kind::kScalar, 8},
+    {"mma", Kind::kMma, 1},               {"mma_w2", Kind::kMma, 2},
+    {"mma_w4", Kind::kMma, 4},            {"mma_w8", Kind::kMma, 8},
+    {"trans_naive", Kind::kTransNaive, 0}, {"trans_split", Kind::kTransSplit, 0},
+    {"trans_wide", Kind::kTransWide, 0},  {"cublas", Kind::kCublas, 0},
 };
 
 bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -584,30 +799,52 @@ bool VectorFriendly(const GemvArgs& args) {
   return Aligned(args.a, 16) && Aligned(args.x, 16) && args.lda % v == 0;
 }
 
+cudaDataType_t CublasType(DType t) {
+  return t == DType::kF32 ? CUDA_R_32F : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF);
+}
+
+// y may be the input dtype, or fp32 for fp16/bf16 inputs (what GemmEx takes
+// with fp32 compute).
+bool CublasTakes(const GemvArgs& args) {
+  return args.y_type == args.dtype || args.y_type == DType::kF32;
+}
+
 const VariantInfo* FindByName(std::string_view name) {
   for (const auto& v : kVariantTable)
     if (name == v.name) return &v;
   return nullptr;
 }
 
-// The default: the fastest version measured for the arguments' kind.
+// The default: the version heuristics/gemv_heuristics.h picks for the
+// arguments.
 const VariantInfo* Find(const GemvArgs& args, std::string_view variant) {
   if (!variant.empty()) return FindByName(variant);
-  if (args.trans_a) return FindByName("trans_split");
-  if (!VectorFriendly(args)) return FindByName("warp_row");
-  // n = 1: vec16 leads in fp32, batched (2 rows per warp) in fp16/bf16.
-  return FindByName(args.ncols == 1 && args.dtype == DType::kF32 ? "vec16" : "batched");
+  GemvShape shape;
+  shape.m = args.m;
+  shape.k = args.k;
+  shape.ncols = args.ncols;
+  shape.dtype = args.dtype;
+  shape.trans_a = args.trans_a;
+  shape.vector_friendly = VectorFriendly(args);
+  shape.vendor_ok = CublasTakes(args) && args.m <= 0x7fffffff && args.k <= 0x7fffffff &&
+                    args.lda <= 0x7fffffff;
+  return FindByName(ChooseGemv(shape, SmCount()));
 }
 
-// Blocks of `kernel` resident on the whole current device at once.
-template <typename Kernel>
-int64_t ResidentBlocks(Kernel kernel) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess) {
-    (void)cudaGetLastError();  // no device here: plan for 4 blocks per SM
-    per_sm = 4;
-  }
-  return int64_t(SmCount()) * std::max(per_sm, 1);
+// Blocks of `kernel` resident on the whole current device at once. The
+// per-SM figure depends only on the kernel and the architecture: asked once
+// per kernel.
+template <auto kKernel>
+int64_t ResidentBlocks() {
+  static const int per_sm = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, kThreads, 0) != cudaSuccess) {
+      (void)cudaGetLastError();  // no device here: plan for 4 blocks per SM
+      n = 4;
+    }
+    return std::max(n, 1);
+  }();
+  return int64_t(SmCount()) * per_sm;
 }
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -637,7 +874,7 @@ TransPlan MakeTransPlan(const GemvArgs& args) {
   TransPlan plan;
   plan.launch = &LaunchTransSplit<T, kNcols, kVw, kQ>;
   plan.tiles = CeilDiv(args.m, TransSplitConfig<T, kNcols, kVw, kQ>::kTileM);
-  const int64_t resident = ResidentBlocks(GemvTransSplitKernel<T, kNcols, kVw, kQ>);
+  const int64_t resident = ResidentBlocks<GemvTransSplitKernel<T, kNcols, kVw, kQ>>();
   int64_t splits = std::max<int64_t>(1, resident / plan.tiles);
   splits = std::min({splits, std::max<int64_t>(1, args.k / kMinRowsPerSplit), int64_t(65535)});
   plan.rows_per_split = CeilDiv(CeilDiv(args.k, splits), kWarpsPerBlock) * kWarpsPerBlock;
@@ -691,16 +928,116 @@ TransPlan PlanTransAny(const GemvArgs& args, bool wide) {
 
 // ---- launching. ----
 
-template <typename T, int kNcols>
-cudaError_t LaunchBatched(const GemvParams& p, cudaStream_t stream) {
-  // Warps take row groups in rounds; every warp gets the same number of
-  // groups (to within one), so that no last round runs with a few warps only.
+// Blocks for `groups` row groups at `groups_per_block` a block, given
+// `resident` blocks at once: rounds of equal size (to within one), so that no
+// last round runs with a few warps only.
+int64_t RoundBlocks(int64_t groups, int64_t groups_per_block, int64_t resident) {
+  const int64_t rounds = CeilDiv(groups, resident * groups_per_block);
+  return CeilDiv(CeilDiv(groups, rounds), groups_per_block);
+}
+
+template <typename T, int kNcols, int kSplit, bool kScalar>
+cudaError_t LaunchBatchedSplit(const GemvParams& p, cudaStream_t stream) {
+  constexpr int kGroupsPerBlock = kWarpsPerBlock / kSplit;
   const int64_t groups = CeilDiv(p.m, BatchedConfig<kNcols>::kRows);
-  const int64_t resident_warps = ResidentBlocks(GemvBatchedKernel<T, kNcols>) * kWarpsPerBlock;
-  const int64_t rounds = CeilDiv(groups, resident_warps);
-  const int64_t blocks = CeilDiv(CeilDiv(groups, rounds), kWarpsPerBlock);
-  GemvBatchedKernel<T, kNcols><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  const int64_t blocks = RoundBlocks(
+      groups, kGroupsPerBlock, ResidentBlocks<GemvBatchedKernel<T, kNcols, kSplit, kScalar>>());
+  GemvBatchedKernel<T, kNcols, kSplit, kScalar><<<unsigned(blocks), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <typename T, int kNcols, bool kScalar>
+cudaError_t LaunchBatched(const GemvParams& p, int split, cudaStream_t stream) {
+  switch (split) {
+    case 1: return LaunchBatchedSplit<T, kNcols, 1, kScalar>(p, stream);
+    case 2: return LaunchBatchedSplit<T, kNcols, 2, kScalar>(p, stream);
+    case 4: return LaunchBatchedSplit<T, kNcols, 4, kScalar>(p, stream);
+    default: return LaunchBatchedSplit<T, kNcols, 8, kScalar>(p, stream);
+  }
+}
+
+template <typename T, bool kScalar>
+cudaError_t LaunchBatchedAny(const GemvParams& p, int split, cudaStream_t stream) {
+  switch (p.ncols) {
+    case 1: return LaunchBatched<T, 1, kScalar>(p, split, stream);
+    case 2: return LaunchBatched<T, 2, kScalar>(p, split, stream);
+    case 3: return LaunchBatched<T, 3, kScalar>(p, split, stream);
+    case 4: return LaunchBatched<T, 4, kScalar>(p, split, stream);
+    case 5: return LaunchBatched<T, 5, kScalar>(p, split, stream);
+    case 6: return LaunchBatched<T, 6, kScalar>(p, split, stream);
+    case 7: return LaunchBatched<T, 7, kScalar>(p, split, stream);
+    default: return LaunchBatched<T, 8, kScalar>(p, split, stream);
+  }
+}
+
+template <typename T, int kSplit>
+cudaError_t LaunchMmaSplit(const GemvParams& p, cudaStream_t stream) {
+  constexpr int kGroupsPerBlock = kWarpsPerBlock / kSplit;
+  const int64_t blocks =
+      RoundBlocks(CeilDiv(p.m, 16), kGroupsPerBlock, ResidentBlocks<GemvMmaKernel<T, kSplit>>());
+  GemvMmaKernel<T, kSplit><<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchMma(const GemvParams& p, int split, cudaStream_t stream) {
+  if constexpr (sizeof(T) != 2) {
+    return cudaErrorInvalidValue;
+  } else {
+    switch (split) {
+      case 1: return LaunchMmaSplit<T, 1>(p, stream);
+      case 2: return LaunchMmaSplit<T, 2>(p, stream);
+      case 4: return LaunchMmaSplit<T, 4>(p, stream);
+      default: return LaunchMmaSplit<T, 8>(p, stream);
+    }
+  }
+}
+
+// ---- the vendor fallback. ----
+// cublasGemmEx (fp32 compute, no TF32, default atomics mode: deterministic)
+// on the caller's stream, for the classes where our kernels still lose (see
+// heuristics/gemv_heuristics.h). Row-major y^T = x^T op(A)^T is, column-major,
+// Y' [ncols, m] = X' [ncols, k] * op(A)': A row-major with stride lda is
+// column-major [lda, rows], used as is (A x) or transposed (A^T x).
+// One handle per thread and device, made on first use and kept for the
+// thread's life.
+class CublasHandles {
+ public:
+  ~CublasHandles() {
+    for (auto& [device, handle] : handles_) cublasDestroy(handle);
+  }
+  // The calling thread's handle for the current device; null when cuBLAS
+  // cannot make one.
+  cublasHandle_t Get() {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+    auto it = handles_.find(device);
+    if (it != handles_.end()) return it->second;
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return nullptr;
+    handles_[device] = h;
+    return h;
+  }
+
+ private:
+  std::map<int, cublasHandle_t> handles_;
+};
+
+cudaError_t LaunchCublas(const GemvArgs& args, cudaStream_t stream) {
+  static thread_local CublasHandles handles;
+  cublasHandle_t h = handles.Get();
+  if (h == nullptr || cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS)
+    return cudaErrorNotReady;
+  const float alpha = args.alpha, beta = args.beta;
+  const cudaDataType_t t = CublasType(args.dtype);
+  const cublasStatus_t st = cublasGemmEx(
+      h, CUBLAS_OP_N, args.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, args.ncols, int(args.m),
+      int(args.k), &alpha, args.x, t, args.ncols, args.a, t, int(args.lda), &beta, args.y,
+      CublasType(args.y_type), args.ncols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st == CUBLAS_STATUS_SUCCESS) return cudaGetLastError();
+  return st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_NOT_SUPPORTED
+             ? cudaErrorInvalidValue
+             : cudaErrorLaunchFailure;
 }
 
 template <typename T>
@@ -726,7 +1063,7 @@ cudaError_t LaunchTyped(const GemvArgs& args, const VariantInfo& info, void* wor
       GemvVec16Kernel<T><<<row_blocks, kThreads, 0, stream>>>(p);
       break;
     case Kind::kSmemX:
-      switch (info.tile_v) {
+      switch (info.param) {
         case 512: GemvSmemXKernel<T, 512><<<row_blocks, kThreads, 0, stream>>>(p); break;
         case 1024: GemvSmemXKernel<T, 1024><<<row_blocks, kThreads, 0, stream>>>(p); break;
         case 2048: GemvSmemXKernel<T, 2048><<<row_blocks, kThreads, 0, stream>>>(p); break;
@@ -734,16 +1071,13 @@ cudaError_t LaunchTyped(const GemvArgs& args, const VariantInfo& info, void* wor
       }
       break;
     case Kind::kBatched:
-      switch (args.ncols) {
-        case 1: return LaunchBatched<T, 1>(p, stream);
-        case 2: return LaunchBatched<T, 2>(p, stream);
-        case 3: return LaunchBatched<T, 3>(p, stream);
-        case 4: return LaunchBatched<T, 4>(p, stream);
-        case 5: return LaunchBatched<T, 5>(p, stream);
-        case 6: return LaunchBatched<T, 6>(p, stream);
-        case 7: return LaunchBatched<T, 7>(p, stream);
-        default: return LaunchBatched<T, 8>(p, stream);
-      }
+      return LaunchBatchedAny<T, false>(p, info.param, stream);
+    case Kind::kScalar:
+      return LaunchBatchedAny<T, true>(p, info.param, stream);
+    case Kind::kMma:
+      return LaunchMma<T>(p, info.param, stream);
+    case Kind::kCublas:
+      return LaunchCublas(args, stream);
     case Kind::kTransNaive:
       GemvTransNaiveKernel<T><<<unsigned(CeilDiv(args.m, kThreads)), kThreads, 0, stream>>>(p);
       break;
@@ -790,6 +1124,13 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant) {
     return Support::No(args.trans_a ? "lda must be >= m for a transposed A ([k, m])" : "lda must be >= k");
   if (args.m * args.ncols >= (int64_t(1) << 40) || args.k * args.ncols >= (int64_t(1) << 40))
     return Support::No("too large");
+  if (info->kind == Kind::kCublas) {
+    if (!CublasTakes(args))
+      return Support::No("cublas writes y in the input dtype or fp32 only");
+    if (args.m > 0x7fffffff || args.k > 0x7fffffff || args.lda > 0x7fffffff)
+      return Support::No("cublas takes 32-bit sizes only");
+    return Support::Yes();
+  }
   const bool trans_kind =
       info->kind == Kind::kTransNaive || info->kind == Kind::kTransSplit || info->kind == Kind::kTransWide;
   if (trans_kind != args.trans_a)
@@ -805,6 +1146,13 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant) {
         return Support::No(std::string(info->name) +
                            " needs A and x 16-byte aligned and lda a multiple of 16 bytes");
       break;
+    case Kind::kMma:
+      if (args.dtype == DType::kF32)
+        return Support::No(std::string(info->name) + " runs fp16 and bf16 only");
+      if (!Aligned(args.a, 16) || args.lda % 8 != 0)
+        return Support::No(std::string(info->name) +
+                           " needs A 16-byte aligned and lda a multiple of 16 bytes");
+      break;
     default:
       break;
   }
@@ -814,6 +1162,11 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant) {
   if (info->kind == Kind::kTransNaive && CeilDiv(args.m, kThreads) > 0x7fffffff)
     return Support::No("m too large for one grid");
   return Support::Yes();
+}
+
+std::string GemvVariantName(const GemvArgs& args, std::string_view variant) {
+  if (!CanImplementGemv(args, variant)) return {};
+  return Find(args, variant)->name;
 }
 
 size_t GemvWorkspaceBytes(const GemvArgs& args, std::string_view variant) {

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "heuristics/transpose_heuristics.h"
 #include "launch_util.h"
 #include "transpose_common.h"
 
@@ -135,6 +136,107 @@ __global__ void __launch_bounds__(256) GatherKernel(GatherParams p) {
   }
 }
 
+// Row copy, flat: output vector i (of VT) is column i % row_vecs of output row
+// i / row_vecs; each thread moves kUnroll vectors blockDim apart, loads first.
+// Short rows (a head permutation's 128 elements) get every thread busy with
+// several independent loads, where a group per row would move one vector each.
+template <typename VT, bool kFast32>
+__global__ void __launch_bounds__(256) RowCopyFlatKernel(RowCopyParams p, FastDivmod fvecs) {
+  constexpr int kUnroll = 4;
+  const VT* in = static_cast<const VT*>(p.in);
+  VT* out = static_cast<VT*>(p.out);
+  const int64_t total = p.rows * p.row_vecs;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x * kUnroll;
+  for (int64_t base = blockIdx.x * int64_t(blockDim.x) * kUnroll + threadIdx.x; base < total;
+       base += step) {
+    VT x[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + int64_t(k) * blockDim.x;
+      if (i >= total) break;
+      int64_t off;
+      if constexpr (kFast32) {
+        uint32_t rest = fvecs.Div(uint32_t(i));
+        off = int64_t(uint32_t(i) - rest * fvecs.div);
+        for (int d = p.nd - 1; d >= 0; --d) {
+          const uint32_t q = p.fdim[d].Div(rest);
+          off += int64_t(rest - q * p.fdim[d].div) * p.stride[d];
+          rest = q;
+        }
+      } else {
+        int64_t rest = i / p.row_vecs;
+        off = i - rest * p.row_vecs;
+        for (int d = p.nd - 1; d >= 0; --d) {
+          const int64_t q = rest / p.dim[d];
+          off += (rest - q * p.dim[d]) * p.stride[d];
+          rest = q;
+        }
+      }
+      x[k] = in[off];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + int64_t(k) * blockDim.x;
+      if (i < total) out[i] = x[k];
+    }
+  }
+}
+
+// Tiled permutation: the input's last axis L and the axis A that becomes the
+// output's last are tiled 32 x 32 through shared memory (padded: no bank
+// conflicts), so that reads run along L and writes along A, both coalesced;
+// the other (up to two) axes index the tile's batch. 32 x 8 threads, each
+// moving 4 elements per side.
+struct TiledParams {
+  const void* in;
+  void* out;
+  int64_t len_a, len_l;    // extents of A and L
+  int64_t in_stride_a;     // input stride of A (L's is 1)
+  int64_t out_stride_l;    // output stride of L (A's is 1)
+  int nb;                  // batch axes (0..2)
+  int64_t bdim[2], in_bstride[2], out_bstride[2];
+  int64_t tiles_a, tiles_l, tiles;  // tiles = batches * tiles_a * tiles_l
+};
+
+template <typename T>
+__global__ void __launch_bounds__(256) TiledPermuteKernel(TiledParams p) {
+  constexpr int kTile = 32, kRowsY = 8;
+  __shared__ T tile[kTile][kTile + 1];
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const int64_t tl = t % p.tiles_l;
+    int64_t rest = t / p.tiles_l;
+    const int64_t ta = rest % p.tiles_a;
+    rest /= p.tiles_a;
+    int64_t in_base = 0, out_base = 0;
+    for (int d = p.nb - 1; d >= 0; --d) {
+      const int64_t q = rest / p.bdim[d];
+      const int64_t c = rest - q * p.bdim[d];
+      in_base += c * p.in_bstride[d];
+      out_base += c * p.out_bstride[d];
+      rest = q;
+    }
+    const int64_t a0 = ta * kTile, l0 = tl * kTile;
+    T v[kTile / kRowsY];  // every load in flight before the first store
+#pragma unroll
+    for (int j = 0; j < kTile / kRowsY; ++j) {
+      const int64_t a = a0 + ty + j * kRowsY, l = l0 + tx;
+      if (a < p.len_a && l < p.len_l) v[j] = in[in_base + a * p.in_stride_a + l];
+    }
+#pragma unroll
+    for (int j = 0; j < kTile / kRowsY; ++j) tile[ty + j * kRowsY][tx] = v[j];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTile / kRowsY; ++j) {
+      const int64_t l = l0 + ty + j * kRowsY, a = a0 + tx;
+      if (a < p.len_a && l < p.len_l) out[out_base + l * p.out_stride_l + a] = tile[tx][ty + j * kRowsY];
+    }
+    __syncthreads();
+  }
+}
+
 // ---- Host side --------------------------------------------------------------
 // A permutation after dropping size-1 axes and merging axes that stay adjacent:
 // `shape` is the input's (all > 1), out axis i is input axis perm[i].
@@ -183,14 +285,26 @@ Canonical Canonicalise(const PermuteArgs& a) {
   return c;
 }
 
-enum class Route { kCopy, kRowCopy, kTranspose, kGather };
+enum class Route { kCopy, kRowCopy, kTranspose, kGeneral };
 
+// The kind of a canonical permutation.
 Route RouteOf(const Canonical& c) {
   if (c.rank <= 1) return Route::kCopy;
   if (c.perm[c.rank - 1] == c.rank - 1) return Route::kRowCopy;
   if (c.rank == 2) return Route::kTranspose;
   if (c.rank == 3 && c.perm[0] == 0 && c.perm[1] == 2 && c.perm[2] == 1) return Route::kTranspose;
-  return Route::kGather;
+  return Route::kGeneral;
+}
+
+// Names of the permutation's own routes (beside the transpose rungs).
+constexpr std::string_view kRowCopyFlat = "row_copy";
+constexpr std::string_view kRowCopyGrouped = "row_copy_grouped";
+constexpr std::string_view kTiled = "tiled";
+constexpr std::string_view kGather = "gather";
+constexpr std::string_view kCopyName = "copy";
+
+bool IsRouteName(std::string_view v) {
+  return v == kRowCopyFlat || v == kRowCopyGrouped || v == kTiled || v == kGather || v == kCopyName;
 }
 
 TransposeArgs AsTranspose(const PermuteArgs& a, const Canonical& c) {
@@ -216,11 +330,13 @@ int64_t NumElements(const PermuteArgs& a) {
   return n;
 }
 
-cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, cudaStream_t s) {
+// The batched row copy's parameters (vectors of `*vec_bytes`).
+RowCopyParams MakeRowCopy(const PermuteArgs& a, const Canonical& c, int* vec_bytes) {
   const size_t es = DTypeSize(a.dtype);
   const int64_t row_bytes = c.shape[c.rank - 1] * int64_t(es);
   int vb = 16;
   while (vb > int(es) && (row_bytes % vb || !Aligned(a.in, vb) || !Aligned(a.out, vb))) vb /= 2;
+  *vec_bytes = vb;
   RowCopyParams p{};
   p.in = a.in;
   p.out = a.out;
@@ -236,13 +352,43 @@ cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, cudaStream_t
     p.stride[i] = in_stride[c.perm[i]] * p.row_vecs;
     p.rows *= p.dim[i];
   }
+  return p;
+}
+
+int64_t RowBytes(const PermuteArgs& a, const Canonical& c) {
+  return c.shape[c.rank - 1] * int64_t(DTypeSize(a.dtype));
+}
+
+cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, bool grouped, cudaStream_t s) {
+  int vb = 16;
+  RowCopyParams p = MakeRowCopy(a, c, &vb);
+  const int sms = SmCount();
+  if (!grouped) {
+    const int64_t total = p.rows * p.row_vecs;
+    const bool fast = total < kFastLimit;
+    if (fast)
+      for (int i = 0; i < p.nd; ++i) p.fdim[i] = FastDivmod(uint32_t(p.dim[i]));
+    const FastDivmod fvecs(fast ? uint32_t(p.row_vecs) : 1u);
+    const unsigned grid = unsigned(std::min<int64_t>(GridFor(total, 256 * 4), int64_t(sms) * 16));
+    auto go = [&](auto vt) {
+      using VT = decltype(vt);
+      if (fast) RowCopyFlatKernel<VT, true><<<grid, 256, 0, s>>>(p, fvecs);
+      else RowCopyFlatKernel<VT, false><<<grid, 256, 0, s>>>(p, fvecs);
+    };
+    switch (vb) {
+      case 16: go(uint4{}); break;
+      case 8: go(uint2{}); break;
+      case 4: go(uint32_t{}); break;
+      default: go(uint16_t{}); break;
+    }
+    return cudaGetLastError();
+  }
   const bool fast = p.rows < kFastLimit;
   if (fast)
     for (int i = 0; i < p.nd; ++i) p.fdim[i] = FastDivmod(uint32_t(p.dim[i]));
   p.group_log2 = 0;
   while (p.group_log2 < 8 && (int64_t(1) << p.group_log2) < p.row_vecs) ++p.group_log2;
   // Enough blocks to fill the machine several times over; each loops over rows.
-  const int sms = SmCount();
   const unsigned grid =
       unsigned(std::min<int64_t>(GridFor(p.rows, int64_t(256) >> p.group_log2), int64_t(sms) * 32));
   auto go = [&](auto vt) {
@@ -256,6 +402,42 @@ cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, cudaStream_t
     case 4: go(uint32_t{}); break;
     default: go(uint16_t{}); break;
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTiled(const PermuteArgs& a, const Canonical& c, cudaStream_t s) {
+  const int r = c.rank;
+  int64_t in_stride[4], out_stride_of_in[4];
+  in_stride[r - 1] = 1;
+  for (int d = r - 2; d >= 0; --d) in_stride[d] = in_stride[d + 1] * c.shape[d + 1];
+  int64_t acc = 1;
+  for (int i = r - 1; i >= 0; --i) {
+    out_stride_of_in[c.perm[i]] = acc;
+    acc *= c.shape[c.perm[i]];
+  }
+  const int ax_a = c.perm[r - 1], ax_l = r - 1;
+  TiledParams p{};
+  p.in = a.in;
+  p.out = a.out;
+  p.len_a = c.shape[ax_a];
+  p.len_l = c.shape[ax_l];
+  p.in_stride_a = in_stride[ax_a];
+  p.out_stride_l = out_stride_of_in[ax_l];
+  int64_t batches = 1;
+  for (int d = 0; d < r; ++d) {
+    if (d == ax_a || d == ax_l) continue;
+    p.bdim[p.nb] = c.shape[d];
+    p.in_bstride[p.nb] = in_stride[d];
+    p.out_bstride[p.nb] = out_stride_of_in[d];
+    batches *= c.shape[d];
+    ++p.nb;
+  }
+  p.tiles_a = CeilDiv(p.len_a, 32);
+  p.tiles_l = CeilDiv(p.len_l, 32);
+  p.tiles = batches * p.tiles_a * p.tiles_l;
+  const unsigned grid = GridFor(p.tiles, 1);
+  if (DTypeSize(a.dtype) == 4) TiledPermuteKernel<uint32_t><<<grid, 256, 0, s>>>(p);
+  else TiledPermuteKernel<uint16_t><<<grid, 256, 0, s>>>(p);
   return cudaGetLastError();
 }
 
@@ -291,7 +473,8 @@ cudaError_t LaunchGather(const PermuteArgs& a, const Canonical& c, cudaStream_t 
 
 Support CanImplementPermute(const PermuteArgs& args, std::string_view variant) {
   const std::vector<std::string>& variants = TransposeVariants();
-  if (!variant.empty() && std::find(variants.begin(), variants.end(), variant) == variants.end())
+  if (!variant.empty() && !IsRouteName(variant) &&
+      std::find(variants.begin(), variants.end(), variant) == variants.end())
     return Support::No("unknown transpose variant");
   if (args.rank < 1 || args.rank > 4) return Support::No("rank must be 1..4");
   if (!ValidDType(args.dtype)) return Support::No("unsupported dtype");
@@ -308,8 +491,55 @@ Support CanImplementPermute(const PermuteArgs& args, std::string_view variant) {
   if (!Aligned(args.in, es) || !Aligned(args.out, es))
     return Support::No("pointers must be aligned to the element size");
   const Canonical c = Canonicalise(args);
-  if (RouteOf(c) == Route::kTranspose) return CanImplementTranspose(AsTranspose(args, c), variant);
+  const Route route = RouteOf(c);
+  if (variant.empty() || variant == kGather) return Support::Yes();
+  if (variant == kCopyName && route != Route::kCopy)
+    return Support::No("copy runs only permutations that move no element");
+  if ((variant == kRowCopyFlat || variant == kRowCopyGrouped) && route != Route::kRowCopy)
+    return Support::No(std::string(variant) + " runs only permutations that keep the last axis");
+  if (variant == kTiled && (route == Route::kCopy || route == Route::kRowCopy))
+    return Support::No("tiled runs only permutations that move the last axis");
+  if (IsRouteName(variant)) return Support::Yes();
+  // A transpose rung applies to batched 2-D transposes; other permutations
+  // take their default route.
+  if (route == Route::kTranspose) return CanImplementTranspose(AsTranspose(args, c), variant);
   return Support::Yes();
+}
+
+const std::vector<std::string>& PermuteVariants() {
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> names = {std::string(kGather), std::string(kRowCopyGrouped),
+                                      std::string(kCopyName)};
+    const std::vector<std::string>& rungs = TransposeVariants();
+    names.insert(names.end(), rungs.begin(), rungs.end());
+    names.push_back(std::string(kRowCopyFlat));
+    names.push_back(std::string(kTiled));
+    return names;
+  }();
+  return v;
+}
+
+std::string PermuteVariantName(const PermuteArgs& args, std::string_view variant) {
+  if (!CanImplementPermute(args, variant)) return {};
+  if (NumElements(args) == 0) return "empty";
+  const Canonical c = Canonicalise(args);
+  if (IsRouteName(variant)) return std::string(variant);
+  switch (RouteOf(c)) {
+    case Route::kCopy:
+      return std::string(kCopyName);
+    case Route::kRowCopy: {
+      int vec_bytes = 16;
+      MakeRowCopy(args, c, &vec_bytes);
+      return std::string(ChooseRowCopy(RowBytes(args, c), vec_bytes, SmCount()));
+    }
+    case Route::kTranspose:
+      return TransposeVariantName(AsTranspose(args, c), variant);
+    case Route::kGeneral: {
+      const int r = c.rank;
+      return std::string(ChooseGeneral(c.shape[c.perm[r - 1]], c.shape[r - 1], SmCount()));
+    }
+  }
+  return {};
 }
 
 cudaError_t LaunchPermute(const PermuteArgs& args, std::string_view variant,
@@ -318,18 +548,15 @@ cudaError_t LaunchPermute(const PermuteArgs& args, std::string_view variant,
   const int64_t n = NumElements(args);
   if (n == 0) return cudaSuccess;
   const Canonical c = Canonicalise(args);
-  switch (RouteOf(c)) {
-    case Route::kCopy:
-      return cudaMemcpyAsync(args.out, args.in, size_t(n) * DTypeSize(args.dtype),
-                             cudaMemcpyDeviceToDevice, stream);
-    case Route::kRowCopy:
-      return LaunchRowCopy(args, c, stream);
-    case Route::kTranspose:
-      return LaunchTranspose(AsTranspose(args, c), variant, stream);
-    case Route::kGather:
-      return LaunchGather(args, c, stream);
-  }
-  return cudaErrorInvalidValue;
+  const std::string name = PermuteVariantName(args, variant);
+  if (name == kGather) return LaunchGather(args, c, stream);
+  if (name == kTiled) return LaunchTiled(args, c, stream);
+  if (name == kRowCopyFlat || name == kRowCopyGrouped)
+    return LaunchRowCopy(args, c, name == kRowCopyGrouped, stream);
+  if (name == kCopyName)
+    return cudaMemcpyAsync(args.out, args.in, size_t(n) * DTypeSize(args.dtype),
+                           cudaMemcpyDeviceToDevice, stream);
+  return LaunchTranspose(AsTranspose(args, c), name, stream);
 }
 
 }  // namespace gpucompute::kernels

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "heuristics/reduce_heuristics.h"
 #include "launch_util.h"
 
 namespace gpucompute::kernels {
@@ -327,6 +328,123 @@ __global__ void __launch_bounds__(kThreads) RowFinalizeKernel(RowFinalizeParams 
   }
 }
 
+// ---- Small rows: one warp per row ---------------------------------------------
+// Rows short enough that a block per row would leave most of its threads idle
+// ([1000, 37] and the like): a warp owns a row, lanes read consecutive elements
+// (coalesced, any alignment), four loads in flight per lane, a shuffle tree;
+// one launch, no workspace.
+struct RowWarpParams {
+  const void* in;
+  int64_t outer, axis;
+  OutSpec out;
+};
+
+template <class Op, typename T, bool kVec>
+__global__ void __launch_bounds__(kThreads) RowWarpKernel(RowWarpParams p) {
+  constexpr int kUnroll = 4;
+  constexpr int V = 16 / int(sizeof(T));
+  const T* in = static_cast<const T*>(p.in);
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t(gridDim.x) * kWarps;
+  for (int64_t row = blockIdx.x * int64_t(kWarps) + threadIdx.x / 32; row < p.outer; row += warps) {
+    const T* base = in + row * p.axis;
+    float acc[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) acc[k] = Op::Identity();
+    if constexpr (kVec) {  // rows of whole, aligned 16-byte vectors
+      const uint4* vp = reinterpret_cast<const uint4*>(base);
+      const int64_t nvec = p.axis / V;
+      int64_t j = lane;
+      for (; j + 32 * (kUnroll - 1) < nvec; j += 32 * kUnroll) {
+        uint4 u[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) u[k] = __ldg(vp + j + 32 * k);
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          float f[V];
+          Unpack<T>(u[k], f);
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[k] = Op::Apply(acc[k], f[e]);
+        }
+      }
+      for (; j < nvec; j += 32) {
+        float f[V];
+        Unpack<T>(__ldg(vp + j), f);
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[0] = Op::Apply(acc[0], f[e]);
+      }
+    } else {
+      int64_t j = lane;
+      for (; j + 32 * (kUnroll - 1) < p.axis; j += 32 * kUnroll) {
+        float f[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) f[k] = LoadElem(base + j + 32 * k);
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) acc[k] = Op::Apply(acc[k], f[k]);
+      }
+      for (; j < p.axis; j += 32) acc[0] = Op::Apply(acc[0], LoadElem(base + j));
+    }
+    float v = Op::Apply(Op::Apply(acc[0], acc[1]), Op::Apply(acc[2], acc[3]));
+    v = WarpReduce<Op>(v);
+    if (lane == 0) StoreOut(p.out, row, v);
+  }
+}
+
+// ---- Short axis, columns: one thread per output vector ---------------------------
+// Few rows along the axis ([128, 3, 4096], [1000, 37, 7]): a block per tile
+// would leave most of its rows of threads idle. A thread owns kV consecutive
+// outputs (a 16-byte vector along inner where inner and the pointer allow,
+// else one) and walks the axis with four loads in flight; one launch, no
+// workspace.
+template <class Op, typename T, int kV>
+__global__ void __launch_bounds__(kThreads) ColThreadKernel(ColSimpleParams p) {
+  constexpr int kUnroll = 4;
+  const T* in = static_cast<const T*>(p.in);
+  const int64_t per_row = p.inner / kV;
+  const int64_t n = p.outer * per_row;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < n;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t oi = t / per_row, iv = t - oi * per_row;
+    const T* src = in + oi * p.axis * p.inner + iv * kV;
+    float acc[kV];
+#pragma unroll
+    for (int e = 0; e < kV; ++e) acc[e] = Op::Identity();
+    int64_t a = 0;
+    for (; a + kUnroll - 1 < p.axis; a += kUnroll) {
+      if constexpr (kV > 1) {
+        uint4 u[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) u[k] = __ldg(reinterpret_cast<const uint4*>(src + (a + k) * p.inner));
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          float f[kV];
+          Unpack<T>(u[k], f);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) acc[e] = Op::Apply(acc[e], f[e]);
+        }
+      } else {
+        float f[kUnroll];
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) f[k] = LoadElem(src + (a + k) * p.inner);
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) acc[0] = Op::Apply(acc[0], f[k]);
+      }
+    }
+    for (; a < p.axis; ++a) {
+      if constexpr (kV > 1) {
+        float f[kV];
+        Unpack<T>(__ldg(reinterpret_cast<const uint4*>(src + a * p.inner)), f);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) acc[e] = Op::Apply(acc[e], f[e]);
+      } else {
+        acc[0] = Op::Apply(acc[0], LoadElem(src + a * p.inner));
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kV; ++e) StoreOut(p.out, oi * p.inner + iv * kV + e, acc[e]);
+  }
+}
+
 // ---- Rungs 4-5, column case ----------------------------------------------------
 // Tile: 32 lanes x V elements along inner (kV = 16 / size when inner and the
 // pointer allow 16-byte access, else 1), 8 rows of threads along the axis.
@@ -446,10 +564,14 @@ __global__ void __launch_bounds__(kThreads) ColFinalizeKernel(ColFinalizeParams 
 }
 
 // ---- Host side -------------------------------------------------------------------
-enum class Rung { kDivergent, kSequential, kShuffle, kVec, kSinglePass, kUnknown };
+enum class Rung {
+  kDivergent, kSequential, kShuffle, kVec, kSinglePass, kRowWarp, kColThread, kUnknown
+};
 
 Rung ParseRung(std::string_view v) {
-  if (v.empty() || v == "single_pass") return Rung::kSinglePass;
+  if (v == "single_pass") return Rung::kSinglePass;
+  if (v == "row_warp") return Rung::kRowWarp;
+  if (v == "col_thread") return Rung::kColThread;
   if (v == "tree_divergent") return Rung::kDivergent;
   if (v == "tree_sequential") return Rung::kSequential;
   if (v == "warp_shuffle") return Rung::kShuffle;
@@ -494,7 +616,7 @@ Plan MakePlan(const ReduceArgs& a, Rung rung) {
   p.rung = rung;
   p.column = a.inner > 1;
   const int64_t n_out = a.outer * a.inner;
-  if (n_out == 0) return p;
+  if (n_out == 0 || rung == Rung::kRowWarp || rung == Rung::kColThread) return p;
   if (rung == Rung::kDivergent || rung == Rung::kSequential || rung == Rung::kShuffle) {
     if (p.column) return p;
     p.parts1 = CeilDiv(a.axis, kThreads);
@@ -535,6 +657,31 @@ Plan MakePlan(const ReduceArgs& a, Rung rung) {
   return p;
 }
 
+// The rung an empty variant runs: heuristics/reduce_heuristics.h decides.
+Rung Resolve(const ReduceArgs& a, std::string_view variant) {
+  if (!variant.empty()) return ParseRung(variant);
+  ReduceShape shape;
+  shape.outer = a.outer;
+  shape.axis = a.axis;
+  shape.inner = a.inner;
+  shape.in_type = a.in_type;
+  return ParseRung(ChooseReduce(shape, SmCount()));
+}
+
+const char* RungName(Rung r) {
+  switch (r) {
+    case Rung::kDivergent: return "tree_divergent";
+    case Rung::kSequential: return "tree_sequential";
+    case Rung::kShuffle: return "warp_shuffle";
+    case Rung::kVec: return "vec";
+    case Rung::kSinglePass: return "single_pass";
+    case Rung::kRowWarp: return "row_warp";
+    case Rung::kColThread: return "col_thread";
+    case Rung::kUnknown: break;
+  }
+  return "";
+}
+
 Support Check(const ReduceArgs& a, Rung rung) {
   if (rung == Rung::kUnknown) return Support::No("unknown reduce variant");
   if (!ValidDType(a.in_type) || !ValidDType(a.out_type)) return Support::No("unsupported dtype");
@@ -547,6 +694,10 @@ Support Check(const ReduceArgs& a, Rung rung) {
   if (a.in == nullptr || a.out == nullptr) return Support::No("null pointer");
   if (!Aligned(a.in, DTypeSize(a.in_type)) || !Aligned(a.out, DTypeSize(a.out_type)))
     return Support::No("pointers must be aligned to their element sizes");
+  if (rung == Rung::kRowWarp && a.inner != 1)
+    return Support::No("row_warp reduces rows only (the last axis)");
+  if (rung == Rung::kColThread && a.inner == 1)
+    return Support::No("col_thread reduces columns only (an axis before the last)");
   return Support::Yes();
 }
 
@@ -607,23 +758,29 @@ cudaError_t LaunchTreePasses(const ReduceArgs& a, const Plan& plan, const OutSpe
 
 const std::vector<std::string>& ReduceVariants() {
   static const std::vector<std::string> v = {"tree_divergent", "tree_sequential", "warp_shuffle",
-                                             "vec", "single_pass"};
+                                             "vec", "single_pass", "row_warp", "col_thread"};
   return v;
 }
 
 Support CanImplementReduce(const ReduceArgs& args, std::string_view variant) {
-  return Check(args, ParseRung(variant));
+  return Check(args, Resolve(args, variant));
+}
+
+std::string ReduceVariantName(const ReduceArgs& args, std::string_view variant) {
+  const Rung rung = Resolve(args, variant);
+  if (!Check(args, rung)) return {};
+  return RungName(rung);
 }
 
 size_t ReduceWorkspaceBytes(const ReduceArgs& args, std::string_view variant) {
-  const Rung rung = ParseRung(variant);
+  const Rung rung = Resolve(args, variant);
   if (!Check(args, rung)) return 0;
   return MakePlan(args, rung).workspace;
 }
 
 cudaError_t LaunchReduce(const ReduceArgs& args, std::string_view variant, void* workspace,
                          cudaStream_t stream) {
-  const Rung rung = ParseRung(variant);
+  const Rung rung = Resolve(args, variant);
   if (!Check(args, rung)) return cudaErrorInvalidValue;
   if (args.outer == 0 || args.inner == 0) return cudaSuccess;
   const Plan plan = MakePlan(args, rung);
@@ -634,10 +791,32 @@ cudaError_t LaunchReduce(const ReduceArgs& args, std::string_view variant, void*
   float* partials =
       reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.counter_bytes);
   const bool single = rung == Rung::kSinglePass;
+  if (plan.counter_bytes > 0) {
+    const cudaError_t err = cudaMemsetAsync(counters, 0, plan.counter_bytes, stream);
+    if (err != cudaSuccess) return err;
+  }
 
   return Dispatch(args, [&](auto op, auto t) -> cudaError_t {
     using Op = decltype(op);
     using T = decltype(t);
+    if (rung == Rung::kRowWarp) {
+      RowWarpParams p{args.in, args.outer, args.axis, out};
+      const int64_t blocks = std::min<int64_t>(CeilDiv(args.outer, kWarps), int64_t(SmCount()) * 16);
+      const bool vec = Aligned(args.in, 16) && (args.axis * int64_t(sizeof(T))) % 16 == 0;
+      if (vec) RowWarpKernel<Op, T, true><<<GridFor(blocks), kThreads, 0, stream>>>(p);
+      else RowWarpKernel<Op, T, false><<<GridFor(blocks), kThreads, 0, stream>>>(p);
+      return cudaGetLastError();
+    }
+    if (rung == Rung::kColThread) {
+      ColSimpleParams p{args.in, args.outer, args.axis, args.inner, out};
+      constexpr int kV = 16 / int(sizeof(T));
+      const bool vec = Aligned(args.in, 16) && args.inner % kV == 0;
+      const int64_t threads = args.outer * (vec ? args.inner / kV : args.inner);
+      const unsigned grid = GridFor(std::min<int64_t>(CeilDiv(threads, kThreads), int64_t(SmCount()) * 16));
+      if (vec) ColThreadKernel<Op, T, kV><<<grid, kThreads, 0, stream>>>(p);
+      else ColThreadKernel<Op, T, 1><<<grid, kThreads, 0, stream>>>(p);
+      return cudaGetLastError();
+    }
     if (rung != Rung::kVec && rung != Rung::kSinglePass) {
       if (plan.column) {
         ColSimpleParams p{args.in, args.outer, args.axis, args.inner, out};

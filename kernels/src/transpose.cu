@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "heuristics/transpose_heuristics.h"
 #include "launch_util.h"
 #include "transpose_common.h"
 
@@ -386,10 +387,13 @@ Support CheckTranspose(const TransposeArgs& a, Rung rung) {
 
 Rung ChooseRung(const TransposeArgs& a, std::string_view variant) {
   if (!variant.empty()) return ParseRung(variant);
-  // Measured fastest for 16384^2 (see the header): fp32 coarsened_vec, 16-bit
-  // coarsened_vec_grouped; coarsened for shapes the 16-byte rungs refuse.
-  const Rung vec = DTypeSize(a.dtype) == 4 ? Rung::kVec : Rung::kVecGrouped;
-  return CheckTranspose(a, vec) ? vec : Rung::kCoarsened;
+  TransposeShape shape;
+  shape.batch = a.batch;
+  shape.rows = a.rows;
+  shape.cols = a.cols;
+  shape.dtype = a.dtype;
+  shape.vector_ok = bool(CheckTranspose(a, Rung::kVec));
+  return ParseRung(ChooseTranspose(shape, SmCount()));
 }
 
 // Persistent grid: as many blocks as fit on the machine at once.
@@ -482,6 +486,12 @@ const std::vector<std::string>& TransposeVariants() {
 
 Support CanImplementTranspose(const TransposeArgs& args, std::string_view variant) {
   return CheckTranspose(args, ChooseRung(args, variant));
+}
+
+std::string TransposeVariantName(const TransposeArgs& args, std::string_view variant) {
+  const Rung rung = ChooseRung(args, variant);
+  if (!CheckTranspose(args, rung)) return {};
+  return TransposeVariants()[size_t(rung)];
 }
 
 cudaError_t LaunchTranspose(const TransposeArgs& args, std::string_view variant,

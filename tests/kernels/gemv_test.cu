@@ -173,6 +173,48 @@ INSTANTIATE_TEST_SUITE_P(Ladder, GemvTest,
                                             ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)),
                          ParamName);
 
+// The default's choice is named: what shard timings report.
+TEST(GemvVariants, DefaultIsNamed) {
+  kernels::GemvArgs a;
+  a.a = reinterpret_cast<void*>(0x10000);
+  a.x = reinterpret_cast<void*>(0x20000);
+  a.y = reinterpret_cast<void*>(0x30000);
+  a.m = 1024;
+  a.k = 50000;
+  a.lda = 50000;
+  a.dtype = DType::kBF16;
+  a.y_type = DType::kBF16;
+  // Few rows, long ones: several warps share each row group.
+  const std::string wide = kernels::GemvVariantName(a, "");
+  EXPECT_EQ(wide.rfind("batched_w", 0), 0u) << wide;
+  a.m = 1 << 20;
+  a.k = 64;
+  a.lda = 64;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "batched");  // short rows
+  a.k = a.lda = 4096;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "vec16");  // rows that fill the machine alone
+  a.ncols = 8;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");  // 16-bit, many columns: the vendor
+  a.y_type = DType::kF16;  // an output dtype cuBLAS does not write from bf16: ours
+  EXPECT_EQ(kernels::GemvVariantName(a, "").rfind("mma", 0), 0u);
+  a.dtype = a.y_type = DType::kF32;
+  EXPECT_EQ(kernels::GemvVariantName(a, "").rfind("scalar", 0), 0u);  // fp32, many columns
+  a.ncols = 1;
+  a.k = a.lda = 64;
+  a.trans_a = true;
+  a.lda = a.m;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");  // A^T x: the vendor
+  a.y_type = DType::kBF16;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "trans_split");
+  EXPECT_EQ(kernels::GemvVariantName(a, "cublas"), "");  // refused: fp32 in, bf16 out
+  a.y_type = DType::kF32;
+  EXPECT_EQ(kernels::GemvVariantName(a, "batched"), "");  // refused: A x only
+  a.trans_a = false;
+  a.lda = 64;
+  a.a = reinterpret_cast<void*>(0x10004);  // not 16-byte aligned
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "scalar");  // element loads, every column at once
+}
+
 // Every listed variant name is lower-case and unique; the ladder is all there.
 TEST(GemvVariants, NamesAreStable) {
   const auto& v = kernels::GemvVariants();

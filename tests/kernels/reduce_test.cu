@@ -166,11 +166,16 @@ std::vector<ReduceCase> Cases() {
       {300, 33, 1, 0, false},    {5, 999, 1, 1, false},     {4097, 4099, 1, 0, true},
       {3, 1000, 33, 0, false},   {2, 100003, 5, 0, false},  {5, 17, 64, 0, false},
       {1, 3000, 256, 0, false},  {3, 1000, 64, 1, false},   {1, 4099, 4097, 0, true},
+      {1000, 37, 1, 0, false},   {3, 7, 1, 1, false},       {513, 1024, 1, 0, false},
+      {2, 1025, 1, 0, false},    {128, 3, 4096, 0, false},  {9, 5, 33, 1, false},
   };
   std::vector<ReduceCase> v;
   for (const std::string& var : kernels::ReduceVariants())
     for (const Shape& s : shapes)
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kMean})
+        // row_warp reduces rows only, col_thread columns only (each refuses
+        // the other case: see ReduceRefusals).
+        if (!(var == "row_warp" && s.inner > 1) && !(var == "col_thread" && s.inner == 1))
         for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
           // The 16.8M-element shapes: fp32 SUM and bf16 MAX only (host time).
           if (s.big && !(op == ReduceOp::kSum && t == DType::kF32) &&
@@ -229,8 +234,11 @@ TEST_P(ReduceSpecialTest, MaxMinPropagateNanAndKeepInf) {
 std::vector<SpecialCase> SpecialCases() {
   std::vector<SpecialCase> v;
   for (const std::string& var : kernels::ReduceVariants()) {
-    v.push_back({var, 1, 100003, 1});
-    v.push_back({var, 17, 1000, 1});
+    if (var != "col_thread") {  // columns only
+      v.push_back({var, 1, 100003, 1});
+      v.push_back({var, 17, 1000, 1});
+    }
+    if (var == "row_warp") continue;  // rows only
     v.push_back({var, 3, 500, 33});
     v.push_back({var, 1, 2000, 64});
   }
@@ -247,10 +255,10 @@ INSTANTIATE_TEST_SUITE_P(Special, ReduceSpecialTest, ::testing::ValuesIn(Special
                          SpecialName);
 
 // ---- Determinism and the single-pass workspace contract -------------------------
-// One zeroed workspace serves launches of different shapes back to back; each
-// launch must leave the counters at zero (else the next launch's last block is
-// never found and its outputs stay poisoned), and repeated launches give
-// bitwise the same output.
+// One workspace, filled with garbage first, serves launches of different
+// shapes back to back: each launch clears the counters it uses itself (else
+// the last block of a segment is never found and its outputs stay poisoned),
+// and repeated launches give bitwise the same output.
 TEST(ReduceSinglePass, WorkspaceReusedAcrossShapesAndDeterministic) {
   GC_REQUIRE_GPU();
   struct Shape {
@@ -265,7 +273,7 @@ TEST(ReduceSinglePass, WorkspaceReusedAcrossShapesAndDeterministic) {
   }
   ASSERT_GT(ws_bytes, 0u) << "these shapes should split across blocks";
   DeviceArray ws(ws_bytes);
-  GC_ASSERT_CUDA(cudaMemset(ws.get(), 0, ws_bytes));
+  GC_ASSERT_CUDA(cudaMemset(ws.get(), 0xA5, ws_bytes));
   for (int round = 0; round < 2; ++round)
     for (const Shape& s : shapes)
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
@@ -290,6 +298,8 @@ TEST(ReduceDeterminism, EveryVariantBitwiseReproducible) {
   d_in.Upload(in.bytes.data());
   for (const std::string& v : kernels::ReduceVariants()) {
     for (int64_t inner : {int64_t(1), int64_t(64)}) {
+      if (v == "row_warp" && inner > 1) continue;     // rows only
+      if (v == "col_thread" && inner == 1) continue;  // columns only
       ReduceArgs a{nullptr, nullptr, 1, (1 << 21) / inner, inner, ReduceOp::kSum, DType::kF32,
                    DType::kF32};
       const std::vector<uint8_t> first = LaunchAndFetch(in, a, v, 0, nullptr, &d_in);
@@ -305,8 +315,18 @@ TEST(ReduceRefusals, RejectsBadArguments) {
   const ReduceArgs good{p, p, 4, 100, 1, ReduceOp::kSum, DType::kF32, DType::kF32};
   EXPECT_TRUE(kernels::CanImplementReduce(good, "").ok);
   for (const std::string& v : kernels::ReduceVariants())
-    EXPECT_TRUE(kernels::CanImplementReduce(good, v).ok) << v;
+    EXPECT_EQ(kernels::CanImplementReduce(good, v).ok, v != "col_thread") << v;
   EXPECT_FALSE(kernels::CanImplementReduce(good, "atomic_float").ok);
+  ReduceArgs columns = good;
+  columns.inner = 8;
+  EXPECT_FALSE(kernels::CanImplementReduce(columns, "row_warp").ok);
+  EXPECT_EQ(kernels::ReduceVariantName(columns, "row_warp"), "");
+  EXPECT_EQ(kernels::ReduceVariantName(columns, ""), "single_pass");
+  ReduceArgs short_rows = good;  // 4 rows of 100: the small-row path
+  EXPECT_EQ(kernels::ReduceVariantName(short_rows, ""), "row_warp");
+  ReduceArgs short_axis{p, p, 128, 3, 4096, ReduceOp::kSum, DType::kF32, DType::kF32};
+  EXPECT_EQ(kernels::ReduceVariantName(short_axis, ""), "col_thread");
+  EXPECT_TRUE(kernels::CanImplementReduce(short_axis, "col_thread").ok);
   EXPECT_EQ(kernels::LaunchReduce(good, "atomic_float", nullptr, nullptr), cudaErrorInvalidValue);
 
   ReduceArgs empty_axis = good;

@@ -165,11 +165,18 @@ std::vector<PermuteCase> PermuteCases() {
       {{3, 4, 5, 6}, {0, 3, 1, 2}},         // general
       {{8, 1, 16, 2}, {2, 1, 3, 0}},        // general with a size-1 axis
       {{64, 4, 64}, {2, 0, 1}},             // merges to a 2-D transpose
+      {{3, 70, 5, 128}, {0, 2, 1, 3}},      // head permutation: row copy of 16-byte rows
+      {{2, 33, 3, 3}, {0, 2, 1, 3}},        // row copy, 6- / 12-byte rows
+      {{3, 5, 7, 9}, {1, 3, 0, 2}},         // general, odd extents
+      {{5, 6, 40, 33}, {2, 0, 3, 1}},       // general, partial tiles on both sides
+      {{70, 3, 66}, {2, 1, 0}},             // general, tiles of more than one block
   };
   std::vector<PermuteCase> v;
   for (const auto& [shape, perm] : perms)
     for (DType t : {DType::kF32, DType::kBF16})
-      for (const char* var : {"", "smem_padded"}) v.push_back({shape, perm, t, var, 0});
+      for (const char* var :
+           {"", "smem_padded", "row_copy", "row_copy_grouped", "tiled", "gather", "copy"})
+        v.push_back({shape, perm, t, var, 0});
   v.push_back({{4, 6, 40}, {1, 0, 2}, DType::kF32, "", 1});
   v.push_back({{64, 4, 64}, {2, 0, 1}, DType::kF16, "", 1});
   v.push_back({{17, 5, 33}, {2, 1, 0}, DType::kF16, "", 1});
@@ -191,6 +198,13 @@ TEST_P(PermuteTest, MatchesReference) {
     a.perm[d] = c.perm[d];
     n *= size_t(c.shape[d]);
   }
+  {  // A route that does not apply to this permutation is refused: nothing to run.
+    PermuteArgs probe = a;
+    probe.in = reinterpret_cast<void*>(0x10000);
+    probe.out = reinterpret_cast<void*>(0x20000);
+    if (kernels::Support s = kernels::CanImplementPermute(probe, c.variant); !s)
+      GTEST_SKIP() << c.variant << " does not run this permutation: " << s.reason;
+  }
   const size_t es = DTypeSize(c.dtype);
   RunAndCompare(
       n, c.dtype, c.offset_elems,
@@ -199,6 +213,7 @@ TEST_P(PermuteTest, MatchesReference) {
         a.out = out;
         kernels::Support s = kernels::CanImplementPermute(a, c.variant);
         EXPECT_TRUE(s.ok) << s.reason;
+        EXPECT_FALSE(kernels::PermuteVariantName(a, c.variant).empty());
         return kernels::LaunchPermute(a, c.variant, nullptr);
       },
       [&](const std::vector<uint8_t>& in) {
@@ -297,6 +312,42 @@ TEST(PermuteRefusals, RejectsBadArguments) {
   tr.perm[0] = 0, tr.perm[1] = 2, tr.perm[2] = 1;
   EXPECT_FALSE(kernels::CanImplementPermute(tr, "coarsened_vec").ok);
   EXPECT_TRUE(kernels::CanImplementPermute(tr, "smem").ok);
+}
+
+// The name of what runs, as shard timings report it: the default's route or
+// rung, or the asked one; refused names give an empty name.
+TEST(PermuteNames, NameTheRouteThatRuns) {
+  auto args = [](std::vector<int64_t> shape, std::vector<int> perm, DType t) {
+    PermuteArgs a;
+    a.in = FakePtr(0x10000);
+    a.out = FakePtr(0x20000);
+    a.dtype = t;
+    a.rank = int(shape.size());
+    for (int i = 0; i < a.rank; ++i) a.shape[i] = shape[i], a.perm[i] = perm[i];
+    return a;
+  };
+  const PermuteArgs heads = args({8, 512, 16, 128}, {0, 2, 1, 3}, DType::kBF16);
+  EXPECT_EQ(kernels::PermuteVariantName(heads, ""), "row_copy");
+  EXPECT_EQ(kernels::PermuteVariantName(heads, "row_copy_grouped"), "row_copy_grouped");
+  EXPECT_EQ(kernels::PermuteVariantName(heads, "tiled"), "");  // keeps the last axis
+  const PermuteArgs odd_rows = args({4, 7, 300, 65}, {0, 2, 1, 3}, DType::kF32);  // 260-byte rows
+  EXPECT_EQ(kernels::PermuteVariantName(odd_rows, ""), "gather");
+  const PermuteArgs general = args({64, 32, 64}, {2, 1, 0}, DType::kF32);
+  EXPECT_EQ(kernels::PermuteVariantName(general, ""), "gather");
+  EXPECT_EQ(kernels::PermuteVariantName(general, "tiled"), "tiled");
+  EXPECT_EQ(kernels::PermuteVariantName(general, "row_copy"), "");
+  const PermuteArgs square = args({64, 64}, {1, 0}, DType::kF32);
+  EXPECT_EQ(kernels::PermuteVariantName(square, ""), "coarsened");
+  EXPECT_EQ(kernels::PermuteVariantName(square, "smem"), "smem");
+  const PermuteArgs big16 = args({512, 1024}, {1, 0}, DType::kBF16);
+  EXPECT_EQ(kernels::PermuteVariantName(big16, ""), "coarsened_vec_grouped");
+  const PermuteArgs odd = args({63, 65}, {1, 0}, DType::kF32);
+  EXPECT_EQ(kernels::PermuteVariantName(odd, ""), "coarsened");
+  const PermuteArgs same = args({7, 9}, {0, 1}, DType::kF32);
+  EXPECT_EQ(kernels::PermuteVariantName(same, ""), "copy");
+  const auto& names = kernels::PermuteVariants();
+  for (const char* n : {"row_copy", "row_copy_grouped", "tiled", "gather", "copy", "coarsened"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "gpucompute/kernels/attention.h"
 #include "gpucompute/kernels/gemm.h"
+#include "gpucompute/kernels/convert.h"
 #include "gpucompute/kernels/gemv.h"
 #include "gpucompute/kernels/reduce.h"
 #include "gpucompute/kernels/transpose.h"
@@ -229,7 +230,7 @@ std::vector<std::string> CudaDevice::Variants(OpKind op) const {
     case OpKind::kReduce:
       return FastestFirst(k::ReduceVariants());
     case OpKind::kTranspose:
-      return FastestFirst(k::TransposeVariants());
+      return FastestFirst(k::PermuteVariants());
     case OpKind::kAttention:
       return FastestFirst(k::AttentionVariants());
   }
@@ -514,6 +515,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, OutputV
   if (ws_bytes) {
     ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
   }
+  const std::string ran = k::GemvVariantName(args, variant);
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
       scope.EndKernels(k::LaunchGemv(args, variant, ws, scope.stream()), "gemv launch"));
@@ -524,7 +526,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, OutputV
     RETURN_IF_ERROR(ConvertOut(scope, args.y, y_t, out_t, mr * s.ncols, y_out, out_offset, 1, 0));
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant);
+  return scope.Run(ran);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Range axis,
@@ -580,9 +582,9 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
   size_t ws_bytes = k::ReduceWorkspaceBytes(args, variant);
   void* ws = nullptr;
   if (ws_bytes) {
-    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
-    RETURN_IF_ERROR(scope.Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.stream()), "memset"));
+    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));  // the launch clears what it needs cleared
   }
+  const std::string ran = k::ReduceVariantName(args, variant);
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
       scope.EndKernels(k::LaunchReduce(args, variant, ws, scope.stream()), "reduce launch"));
@@ -590,7 +592,7 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
     RETURN_IF_ERROR(scope.CopyOut(out, out_offset, 0, o, 1, size_t(n_out) * eo));
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant);
+  return scope.Run(ran);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range outer, Range axis,
@@ -635,9 +637,17 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
   }
   void* ws = nullptr;
   if (ws_bytes) {
-    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
-    RETURN_IF_ERROR(scope.Check(cudaMemsetAsync(ws, 0, ws_bytes, scope.stream()), "memset"));
+    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));  // the launches clear what they need cleared
   }
+  std::string ran;
+  if (full) {
+    args.outer = full;
+    args.axis = kReduceChunk;
+  } else {
+    args.outer = 1;
+    args.axis = tail;
+  }
+  ran = k::ReduceVariantName(args, variant);
   RETURN_IF_ERROR(scope.BeginKernels());
   cudaError_t err = cudaSuccess;
   for (int64_t o = 0; o < no && err == cudaSuccess; ++o) {
@@ -674,7 +684,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
                     size_t(s.inner) * 4);
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant);
+  return scope.Run(ran);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefix_axes,
@@ -735,17 +745,35 @@ absl::StatusOr<ShardRun> CudaDevice::Transpose(const TransposeSpec& s, int prefi
   const std::string& variant = s.options.variant;
   k::Support support = k::CanImplementPermute(args, variant);
   if (!support) return Refused("transpose", variant, support.reason);
+  const std::string ran = k::PermuteVariantName(args, variant);
+  // Another output dtype: converted on this device, straight into the output
+  // when it lives here, else into a buffer that is then copied out.
+  void* converted = nullptr;
+  void* convert_in_place = nullptr;
+  if (in_t != out_t) {
+    convert_in_place = out_offset_units == 0 && device_units == prefix.size()
+                           ? scope.InPlace(out, dst_offset)
+                           : nullptr;
+    if (convert_in_place == nullptr) {
+      ASSIGN_OR_RETURN(converted, scope.Alloc(size_t(n_out) * eo));
+    }
+  }
   RETURN_IF_ERROR(scope.BeginKernels());
-  RETURN_IF_ERROR(
-      scope.EndKernels(k::LaunchPermute(args, variant, scope.stream()), "transpose launch"));
+  cudaError_t err = k::LaunchPermute(args, variant, scope.stream());
   const void* o_part = Ptr(args.out, out_offset_units * out_inner * int64_t(es));
+  if (err == cudaSuccess && in_t != out_t) {
+    err = k::LaunchConvert(o_part, ToKernel(in_t),
+                           convert_in_place != nullptr ? convert_in_place : converted,
+                           ToKernel(out_t), n_out, scope.stream());
+  }
+  RETURN_IF_ERROR(scope.EndKernels(err, "transpose launch"));
   if (in_place == nullptr && in_t == out_t) {
     RETURN_IF_ERROR(scope.CopyOut(out, dst_offset, 0, o_part, 1, size_t(n_out) * eo));
-  } else if (in_place == nullptr) {
-    RETURN_IF_ERROR(ConvertOut(scope, o_part, in_t, out_t, n_out, out, dst_offset, 1, 0));
+  } else if (converted != nullptr) {
+    RETURN_IF_ERROR(scope.CopyOut(out, dst_offset, 0, converted, 1, size_t(n_out) * eo));
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant);
+  return scope.Run(ran);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range heads, Range q_rows,

@@ -6,15 +6,26 @@
 //   "vec16"        + 16-byte loads of A and x (one column of x);
 //   "smem_x"       + x staged in shared memory in TILE_V segments (one column);
 //   "smem_x_t512", "smem_x_t1024", "smem_x_t4096": the same with other TILE_V;
-//   "batched"      2..8 columns of x (the thin GEMM [M,K]x[K,N] done as GEMV):
+//   "batched"      1..8 columns of x (the thin GEMM [M,K]x[K,N] done as GEMV):
 //                  each row of A read once, several rows per warp sharing x;
+//   "batched_w2", "batched_w4", "batched_w8": the same with 2, 4 or 8 warps
+//                  sharing each row group along k (short, wide A);
 //   "trans_naive"  A^T x, one thread per output, coalesced scalar column walk;
 //   "trans_split"  A^T x, 16-byte row segments, K split across blocks, partial
 //                  sums combined in a fixed order by the last block of a tile;
-//   "trans_wide"   trans_split with wider row segments per warp.
-// An empty variant picks the fastest version measured for the arguments:
-// vec16 (fp32, one column), batched (otherwise), warp_row where A or x is not
-// 16-byte aligned or lda not a multiple of 16 bytes, trans_split for A^T x.
+//   "trans_wide"   trans_split with wider row segments per warp;
+//   "scalar", "scalar_w2", "scalar_w4", "scalar_w8": batched with element
+//                  loads (any alignment and lda), every column at once;
+//   "mma", "mma_w2", "mma_w4", "mma_w8": fp16/bf16 on the tensor cores
+//                  (mma.sync m16n8k16, 16 rows per warp, fp32 accumulation);
+//   "cublas"       the vendor fallback: cublasGemmEx with fp32 compute on the
+//                  same stream (y in the input dtype or fp32 only), for the
+//                  classes where the kernels above still lose.
+// An empty variant picks the version src/heuristics/gemv_heuristics.h names
+// for the arguments (derived from the server-path sweep): vec16, batched or
+// scalar (split as the machine needs) for A x, mma for fp16/bf16 with many
+// columns, and "cublas" where the vendor is faster (A^T x, fp16/bf16 with
+// 5..8 columns, fp32 with one column and few rows).
 #ifndef GPUCOMPUTE_KERNELS_GEMV_H_
 #define GPUCOMPUTE_KERNELS_GEMV_H_
 
@@ -57,6 +68,11 @@ const std::vector<std::string>& GemvVariants();
 // otherwise the reason (bad sizes, ncols outside 1..8, a vector version given
 // a misaligned pointer or row stride, the wrong orientation, ...).
 Support CanImplementGemv(const GemvArgs& args, std::string_view variant);
+
+// The name of the version LaunchGemv runs for these arguments: `variant`
+// itself, or the default's choice (src/heuristics/gemv_heuristics.h) when it
+// is empty. Empty when CanImplementGemv refuses.
+std::string GemvVariantName(const GemvArgs& args, std::string_view variant);
 
 // Scratch bytes the chosen version needs; 0 when it needs none. Only the
 // transposed split version needs scratch (fp32 partial sums and one counter per

@@ -11,6 +11,13 @@
 //                      machine; a second kernel combines the block partials;
 //   "single_pass"      as "vec", but the last block of each output segment
 //                      combines the partials (atomic ticket): one kernel.
+//   "row_warp"         the small-row path (inner = 1 only): one warp per row,
+//                      16-byte loads where the rows allow (else coalesced
+//                      element loads), no workspace, one launch.
+//   "col_thread"       the short-axis column path (inner > 1 only): a thread
+//                      per 16-byte vector of outputs (or per output) walking
+//                      the axis, no workspace, one launch.
+// An empty variant runs what src/heuristics/reduce_heuristics.h picks.
 // The column case (inner > 1) reads coalesced along inner: the tree rungs use
 // one thread per output; "vec" and "single_pass" use 16-byte tiles along inner
 // with the axis split across blocks when there are too few outputs.
@@ -57,14 +64,16 @@ const std::vector<std::string>& ReduceVariants();
 // extents, null or misaligned pointers.
 Support CanImplementReduce(const ReduceArgs& args, std::string_view variant);
 
+// The name of the rung LaunchReduce runs for these arguments: `variant`
+// itself, or the default's choice when it is empty. Empty when
+// CanImplementReduce refuses.
+std::string ReduceVariantName(const ReduceArgs& args, std::string_view variant);
+
 // Bytes of device workspace LaunchReduce needs for these arguments and
-// variant (0 when none). For "single_pass" the workspace starts with a block of
-// counters.
-// Workspace contract for "single_pass": the whole workspace must be zero
-// (cudaMemsetAsync) before its first use; every launch that completes leaves
-// the counters at zero again, so the same workspace serves later launches of
-// any arguments without another memset. Launches that share a workspace must
-// not run concurrently. The other variants need no zeroing.
+// variant (0 when none). Its contents on entry do not matter: where a rung
+// needs counters at zero (single_pass split over blocks), the launch clears
+// them on `stream` first. Launches that share a workspace must not run
+// concurrently.
 size_t ReduceWorkspaceBytes(const ReduceArgs& args, std::string_view variant);
 
 // Enqueues the reduction on `stream`. `workspace` must hold

@@ -52,6 +52,10 @@ const std::vector<std::string>& TransposeVariants();
 // otherwise the reason.
 Support CanImplementTranspose(const TransposeArgs& args, std::string_view variant);
 
+// The rung LaunchTranspose runs: `variant` itself, or the default's choice
+// (src/heuristics/transpose_heuristics.h) when empty. Empty when refused.
+std::string TransposeVariantName(const TransposeArgs& args, std::string_view variant);
+
 // Enqueues the transpose on `stream`. Returns cudaErrorInvalidValue when
 // CanImplementTranspose refuses, otherwise the launch status. Zero-sized
 // tensors launch nothing.
@@ -70,17 +74,34 @@ struct PermuteArgs {
 };
 
 // Ok when `perm` is a permutation of 0..rank-1, shapes are non-negative and the
-// pointers are set and aligned to the element size. `variant` must be empty or
-// a transpose variant; it applies when the permutation reduces to a batched
-// 2-D transpose (a variant that cannot run that transpose is refused).
+// pointers are set and aligned to the element size. `variant` is empty (the
+// default route), a route name, or a transpose rung:
+//   "copy"              permutations that move nothing (one D2D copy);
+//   "row_copy"          the last axis kept: 16-byte vectors (where aligned),
+//                       one per thread, four in flight;
+//   "row_copy_grouped"  the last axis kept: a thread group per row;
+//   "tiled"             any permutation that moves the last axis: 32x32
+//                       shared-memory tiles between the input's last axis
+//                       and the output's;
+//   "gather"            any permutation: one thread per output element;
+//   a transpose rung    permutations that reduce to a batched 2-D transpose.
+// A name that cannot run the permutation is refused with the reason.
 Support CanImplementPermute(const PermuteArgs& args, std::string_view variant);
 
+// Every name CanImplementPermute knows: the routes and the transpose rungs,
+// slowest first.
+const std::vector<std::string>& PermuteVariants();
+
+// The route or rung LaunchPermute runs for these arguments ("empty" when
+// there are no elements); empty when CanImplementPermute refuses.
+std::string PermuteVariantName(const PermuteArgs& args, std::string_view variant);
+
 // Enqueues the permutation on `stream`. Axes of size 1 are dropped and axes
-// that stay adjacent are merged first; then: identity -> one copy; last axis
-// kept -> batched row copy (16-byte where aligned); a batched 2-D transpose ->
-// LaunchTranspose with `variant`; anything else -> a general kernel that
-// writes coalesced. Returns cudaErrorInvalidValue when CanImplementPermute
-// refuses.
+// that stay adjacent are merged first; then the default routes (see
+// src/heuristics/transpose_heuristics.h): identity -> one copy; last axis kept
+// -> row_copy or row_copy_grouped; a batched 2-D transpose -> the transpose
+// ladder; anything else -> tiled. Returns cudaErrorInvalidValue when
+// CanImplementPermute refuses.
 cudaError_t LaunchPermute(const PermuteArgs& args, std::string_view variant,
                           cudaStream_t stream);
 
