@@ -53,7 +53,8 @@ ABSL_FLAG(int64_t, resident_max_bytes_per_device, kDefaults.resident_max_bytes_p
           "memory; over it an upload or kept result is refused; 0 = no bound, -1 = automatic "
           "(half the device's memory)");
 ABSL_FLAG(int64_t, resident_quota_bytes, kDefaults.resident_quota_bytes,
-          "per client (gpucompute-session): bound on the bytes of its resident tensors; "
+          "per client (gpucompute-session, or its token's or certificate's identity): bound on the "
+          "bytes of its resident tensors; "
           "0 = no quota");
 ABSL_FLAG(int64_t, resident_max_tensors, kDefaults.resident_max_tensors,
           "per client: bound on its number of resident tensors; 0 = no bound");
