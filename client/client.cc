@@ -64,6 +64,9 @@ void Configure(const ClientOptions& options, const CallOptions& call, const Dead
   if (deadline) ctx.set_deadline(*deadline);
   ctx.set_wait_for_ready(call.wait_for_ready);
   if (!options.session.empty()) ctx.AddMetadata(kSessionMetadataKey, options.session);
+  if (!options.token.empty()) {
+    ctx.AddMetadata(kAuthorizationMetadataKey, absl::StrCat("Bearer ", options.token));
+  }
 }
 
 void Configure(const ClientOptions& options, const CallOptions& call, grpc::ClientContext& ctx) {
@@ -441,6 +444,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   for (char c : options.session) {
     if (c < 0x20 || c > 0x7e) {
       return absl::InvalidArgumentError("session: not printable ASCII (it travels as metadata)");
+    }
+  }
+
+  if (!options.token.empty() && !options.token_file.empty()) {
+    return absl::InvalidArgumentError("token, token_file: give one or neither");
+  }
+  if (!options.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadFile(options.token_file, "token_file");
+    if (!token.ok()) return token.status();
+    options.token = std::string(absl::StripAsciiWhitespace(*token));
+    if (options.token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_file: ", options.token_file, " holds no token"));
+    }
+  }
+  for (char c : options.token) {
+    if (c <= 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          "token: not printable ASCII without spaces (it travels as metadata)");
     }
   }
 

@@ -90,6 +90,13 @@ struct ClientOptions {
   std::string client_key_path{};
   // Name checked against the server certificate instead of the target's host.
   std::string tls_server_name{};
+  // Bearer token sent as "authorization: Bearer <token>" metadata of every
+  // call (printable ASCII, no spaces), for a server started with
+  // --token_file; or a file holding it (read once, by Create; surrounding
+  // whitespace is ignored). One or neither. Servers accept tokens over TLS
+  // only.
+  std::string token{};
+  std::string token_file{};
   // Open a connection of this client's own instead of sharing one with other
   // clients of the same target in this process.
   bool own_connection = false;
@@ -138,6 +145,8 @@ struct CallOptions {
 
 // The metadata key that carries ClientOptions::session.
 inline constexpr char kSessionMetadataKey[] = "gpucompute-session";
+// The metadata key that carries ClientOptions::token ("Bearer <token>").
+inline constexpr char kAuthorizationMetadataKey[] = "authorization";
 
 // Per-upload settings.
 struct UploadOptions {
@@ -230,7 +239,8 @@ class Client {
   // Builds the channel (it connects lazily, on the first call). Errors:
   // INVALID_ARGUMENT for inconsistent options (streams outside [1, 64],
   // chunk_bytes < 1, a negative parallel_min_bytes, a session that is not
-  // printable ASCII, ...), NOT_FOUND when a TLS file cannot be read.
+  // printable ASCII, both token and token_file, ...), NOT_FOUND when a TLS
+  // or token file cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
 
   Client(const Client&) = delete;

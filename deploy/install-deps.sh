@@ -13,7 +13,7 @@ fi
 packages=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgtest-dev libgmock-dev prometheus-cpp-dev libopenblas-dev
+  libabsl-dev libgtest-dev libgmock-dev prometheus-cpp-dev libopenblas-dev libssl-dev
   prometheus
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy python3-pytest
 )
@@ -27,6 +27,7 @@ done
 # overlays; node and npm run the manifest checker and the live Prometheus
 # test (its npm packages install at test time, from package-lock.json).
 if [ "${1:-}" != build ]; then
+  command -v openssl >/dev/null || missing+=(openssl)  # the TLS tests' certificates
   command -v kubectl >/dev/null || missing+=(kubernetes-client)
   command -v node >/dev/null || missing+=(nodejs)
   command -v npm >/dev/null || missing+=(npm)

@@ -1,6 +1,7 @@
 // gpucompute-server: serves the Compute gRPC API (and Prometheus metrics)
 // on the CUDA backend when a GPU is usable, else on the CPU backend.
-// SIGTERM or SIGINT drain the calls in flight and exit 0.
+// SIGTERM or SIGINT drain the calls in flight and exit 0; SIGHUP reads the
+// --token_file again.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -52,7 +53,8 @@ ABSL_FLAG(int64_t, resident_max_bytes_per_device, kDefaults.resident_max_bytes_p
           "memory; over it an upload or kept result is refused; 0 = no bound, -1 = automatic "
           "(half the device's memory)");
 ABSL_FLAG(int64_t, resident_quota_bytes, kDefaults.resident_quota_bytes,
-          "per client (gpucompute-session): bound on the bytes of its resident tensors; "
+          "per client (gpucompute-session, or its token's or certificate's identity): bound on the "
+          "bytes of its resident tensors; "
           "0 = no quota");
 ABSL_FLAG(int64_t, resident_max_tensors, kDefaults.resident_max_tensors,
           "per client: bound on its number of resident tensors; 0 = no bound");
@@ -83,6 +85,19 @@ ABSL_FLAG(absl::Duration, max_connection_age, kDefaults.max_connection_age,
 ABSL_FLAG(absl::Duration, max_connection_age_grace, kDefaults.max_connection_age_grace,
           "how long calls in flight on a connection past --max_connection_age may go on; "
           "inf = until they finish");
+
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the server: serve TLS (with --tls_key); empty = plaintext");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates: every client must present a certificate that chains to them "
+          "(mutual TLS; needs --tls_cert); its common name identifies the client");
+ABSL_FLAG(std::string, token_file, "",
+          "bearer tokens, one per line, each optionally followed by the identity it "
+          "authenticates: every call needs \"authorization: Bearer <token>\" metadata (needs "
+          "--tls_cert); read again on SIGHUP and when the file changes");
+ABSL_FLAG(bool, auth_exempt_health, kDefaults.auth_exempt_health,
+          "with --token_file: grpc.health.v1.Health needs no token (probes)");
 
 namespace {
 
@@ -131,6 +146,11 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.max_connection_age_grace = absl::GetFlag(FLAGS_max_connection_age_grace);
+  options.tls_cert_path = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_path = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca_path = absl::GetFlag(FLAGS_tls_client_ca);
+  options.token_file = absl::GetFlag(FLAGS_token_file);
+  options.auth_exempt_health = absl::GetFlag(FLAGS_auth_exempt_health);
   return options;
 }
 
@@ -169,10 +189,10 @@ int main(int argc, char** argv) {
                  status.ToString().c_str());
   }
 
-  // SIGTERM and SIGINT only wake a thread of ours through a pipe (the
-  // handler does nothing else, so it is async-signal-safe); that thread
-  // starts the drain. Blocking the signals instead would not do: libraries
-  // (OpenBLAS) start threads before main that would still take them.
+  // SIGTERM, SIGINT and SIGHUP only wake a thread of ours through a pipe
+  // (the handler does nothing else, so it is async-signal-safe); that
+  // thread starts the drain or reloads the tokens. Blocking the signals instead would not do:
+  // libraries (OpenBLAS) start threads before main that would still take them.
   if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
     return Fail(absl::InternalError(absl::StrCat("pipe2: ", std::strerror(errno))));
   }
@@ -180,7 +200,8 @@ int main(int argc, char** argv) {
   action.sa_handler = OnSignal;
   action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
-  if (sigaction(SIGTERM, &action, nullptr) != 0 || sigaction(SIGINT, &action, nullptr) != 0) {
+  if (sigaction(SIGTERM, &action, nullptr) != 0 || sigaction(SIGINT, &action, nullptr) != 0 ||
+      sigaction(SIGHUP, &action, nullptr) != 0) {
     return Fail(absl::InternalError(absl::StrCat("sigaction: ", std::strerror(errno))));
   }
 
@@ -198,7 +219,17 @@ int main(int argc, char** argv) {
 
   std::thread signal_thread([s = server->get()] {
     unsigned char signal = 0;
-    while (read(g_signal_pipe[0], &signal, 1) < 0 && errno == EINTR) {
+    while (true) {
+      const ssize_t n = read(g_signal_pipe[0], &signal, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1 || signal != SIGHUP) break;
+      absl::StatusOr<size_t> tokens = s->ReloadTokens();
+      if (tokens.ok()) {
+        std::fprintf(stderr, "gpucompute-server: SIGHUP, token file read: %zu tokens\n", *tokens);
+      } else {
+        std::fprintf(stderr, "gpucompute-server: SIGHUP: %s; the tokens stay as they were\n",
+                     tokens.status().ToString().c_str());
+      }
     }
     std::fprintf(stderr, "gpucompute-server: %s, draining calls in flight\n",
                  signal == SIGTERM ? "SIGTERM" : "SIGINT");

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -81,7 +82,50 @@ absl::Status CheckOptions(const ServerOptions& options) {
           "--", flag, ": expected > 0 (inf: never) but got ", absl::FormatDuration(value)));
     }
   }
+  if (options.tls_cert_path.empty() != options.tls_key_path.empty()) {
+    return absl::InvalidArgumentError("--tls_cert, --tls_key: give both (TLS) or neither");
+  }
+  if (options.tls_cert_path.empty() && !options.tls_client_ca_path.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca: mutual TLS needs TLS (--tls_cert and --tls_key)");
+  }
+  if (options.tls_cert_path.empty() && !options.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--token_file: bearer tokens are accepted over TLS only (--tls_cert and --tls_key)");
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (!in || contents.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
+  }
+  return contents.str();
+}
+
+// The gRPC port's credentials: plaintext, TLS, or mutual TLS (client
+// certificates required and verified), with `authenticator` checking every
+// call's token when given.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const ServerOptions& options, std::shared_ptr<TokenAuthenticator> authenticator) {
+  if (options.tls_cert_path.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      options.tls_client_ca_path.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(options.tls_cert_path, "tls_cert"));
+  ASSIGN_OR_RETURN(pair.private_key, ReadPem(options.tls_key_path, "tls_key"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca_path.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca_path, "tls_client_ca"));
+  }
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(ssl);
+  if (authenticator != nullptr) credentials->SetAuthMetadataProcessor(std::move(authenticator));
+  return credentials;
 }
 
 // What the per-device gauges show, read from the engine's devices.
@@ -150,6 +194,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& opts = server->options_;
+  if (!opts.token_file.empty()) {
+    absl::StatusOr<std::shared_ptr<TokenAuthenticator>> authenticator =
+        TokenAuthenticator::Create(opts.token_file, opts.auth_exempt_health);
+    if (!authenticator.ok()) {
+      return absl::Status(authenticator.status().code(),
+                          absl::StrCat("--token_file: ", authenticator.status().message()));
+    }
+    server->authenticator_ = *std::move(authenticator);
+  }
+  ASSIGN_OR_RETURN(server->credentials_, Credentials(opts, server->authenticator_));
 
   server->metrics_ = std::make_unique<Metrics>();
   std::vector<DeviceDescription> descriptions;
@@ -228,7 +282,7 @@ absl::Status Server::StartServing() {
   // Without SO_REUSEPORT a second server on a port in use fails to start
   // instead of silently sharing it.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(options_.listen, credentials_, &port_);
   // Health turns NOT_SERVING once no device is left (GPUs that failed for good).
   service_->SetNoHealthyDeviceCallback(
       [this] { grpc_server_->GetHealthCheckService()->SetServingStatus(false); });
@@ -248,7 +302,11 @@ absl::Status Server::StartServing() {
   if (grpc_server_ == nullptr || port_ == 0) {
     grpc_server_.reset();
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options_.listen, " (--listen)"));
+        options_.tls_cert_path.empty()
+            ? absl::StrCat("cannot listen on ", options_.listen, " (--listen)")
+            : absl::StrCat("cannot listen on ", options_.listen,
+                           " with the certificate and key given (--listen, --tls_cert, --tls_key: "
+                           "is the key the certificate's?)"));
   }
   grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
   health->SetServingStatus("", true);
@@ -259,9 +317,16 @@ absl::Status Server::StartServing() {
       options_.metrics_listen.empty()
           ? std::string("metrics off")
           : absl::StrCat("metrics on ", HostOf(options_.metrics_listen), ":", metrics_->port());
-  std::fprintf(stderr, "gpucompute-server listening on %s:%d, %s (backend %s, %d device%s)\n",
-               HostOf(options_.listen).c_str(), port_, metrics.c_str(), engine_->backend().c_str(),
-               engine_->num_devices(), engine_->num_devices() == 1 ? "" : "s");
+  const std::string security = options_.tls_cert_path.empty()        ? std::string("plaintext")
+                               : options_.tls_client_ca_path.empty() ? std::string("TLS")
+                                                                     : std::string("mutual TLS");
+  const std::string tokens = authenticator_ == nullptr
+                                 ? std::string()
+                                 : absl::StrCat(", ", authenticator_->size(), " bearer tokens");
+  std::fprintf(
+      stderr, "gpucompute-server listening on %s:%d (%s%s), %s (backend %s, %d device%s)\n",
+      HostOf(options_.listen).c_str(), port_, security.c_str(), tokens.c_str(), metrics.c_str(),
+      engine_->backend().c_str(), engine_->num_devices(), engine_->num_devices() == 1 ? "" : "s");
   return absl::OkStatus();
 }
 
@@ -282,6 +347,13 @@ absl::Status Server::WriteReadyFile() const {
         absl::StrCat("--ready_file: cannot rename ", tmp, " to ", options_.ready_file));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> Server::ReloadTokens() {
+  if (authenticator_ == nullptr) {
+    return absl::FailedPreconditionError("no --token_file to reload");
+  }
+  return authenticator_->Reload();
 }
 
 void Server::Wait() {

@@ -14,11 +14,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "server/backends.h"
 #include "server/engine/admission.h"
 #include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
+#include "server/service/auth.h"
 #include "server/service/compute_service.h"
 #include "server/service/worker_pool.h"
 
@@ -80,6 +82,22 @@ struct ServerOptions {
   // always). Infinite max_connection_age: never.
   absl::Duration max_connection_age = absl::Minutes(5);
   absl::Duration max_connection_age_grace = absl::InfiniteDuration();
+
+  // TLS on the gRPC port: PEM files of the server's certificate chain and
+  // its private key, both or neither (neither: plaintext).
+  std::string tls_cert_path;
+  std::string tls_key_path;
+  // With TLS: PEM file of the CA certificates that clients' certificates
+  // must chain to. Set, every client must present a certificate that
+  // verifies (mutual TLS), and its common name identifies the client.
+  std::string tls_client_ca_path;
+  // With TLS: bearer tokens (format in server/service/auth.h). Set, every
+  // call needs "authorization: Bearer <token>" metadata naming one of them,
+  // and the token's identity owns the call's resident tensors. Read again on
+  // ReloadTokens() (SIGHUP) and when the file changes.
+  std::string token_file;
+  // With token_file: grpc.health.v1.Health needs no token (probes).
+  bool auth_exempt_health = true;
 };
 
 class Server {
@@ -116,6 +134,11 @@ class Server {
   // gRPC callback, nor while Start is running.
   void Shutdown();
 
+  // Reads the token file again. Returns the number of tokens now in force;
+  // on error the tokens stay as they were. FAILED_PRECONDITION without
+  // ServerOptions::token_file.
+  absl::StatusOr<size_t> ReloadTokens();
+
   // Bound ports; 0 before Start (metrics: or when disabled).
   int port() const { return port_; }
   int metrics_port() const { return metrics_->port(); }
@@ -136,6 +159,10 @@ class Server {
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<ComputeService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // The gRPC port's credentials (TLS read from the files at Create) and
+  // the token check they run, if any.
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+  std::shared_ptr<TokenAuthenticator> authenticator_;
   int port_ = 0;
 
   absl::Mutex mu_;

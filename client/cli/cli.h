@@ -24,7 +24,7 @@ inline constexpr int kExitUsage = 2;
 inline constexpr int kExitMismatch = 3;
 
 // A client built from the global flags (--server, --timeout, --tls...,
-// --session, --streams).
+// --token, --token_file, --session, --streams).
 absl::StatusOr<std::unique_ptr<Client>> MakeClient();
 
 // Per-call options from --timeout.

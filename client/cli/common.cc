@@ -29,6 +29,11 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate chain, for mutual T
 ABSL_FLAG(std::string, tls_key, "", "PEM client private key, for mutual TLS.");
 ABSL_FLAG(std::string, tls_server_name, "",
           "Name to check the server certificate against instead of the host.");
+ABSL_FLAG(std::string, token, "",
+          "Bearer token for a server started with --token_file (sent as authorization "
+          "metadata; visible in the process list: prefer --token_file).");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the bearer token (whitespace around it ignored).");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{1} << 30,
           "Largest message sent or received (the server's default is the same).");
 ABSL_FLAG(std::string, session, "",
@@ -63,6 +68,8 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   options.client_cert_path = absl::GetFlag(FLAGS_tls_cert);
   options.client_key_path = absl::GetFlag(FLAGS_tls_key);
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  options.token = absl::GetFlag(FLAGS_token);
+  options.token_file = absl::GetFlag(FLAGS_token_file);
   options.session = absl::GetFlag(FLAGS_session);
   options.streams = absl::GetFlag(FLAGS_streams);
   options.offload_min_bytes = absl::GetFlag(FLAGS_offload_min_bytes);

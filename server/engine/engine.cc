@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/core/cost.h"
 #include "server/core/reduce_combine.h"
@@ -193,7 +194,7 @@ absl::StatusOr<std::vector<int>> Engine::SelectDevices(OpKind op, const OpOption
       const std::vector<std::string> variants = devices_[index]->Variants(op);
       if (std::find(variants.begin(), variants.end(), options.variant) == variants.end()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("options.variant: unknown variant '", options.variant, "' for ",
+            absl::StrCat("options.variant: unknown variant ", Quote(options.variant), " for ",
                          std::string(OpName(op)), "; available: ", absl::StrJoin(variants, ", ")));
       }
     }

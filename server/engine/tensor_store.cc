@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 
 namespace gpucompute {
@@ -199,18 +200,18 @@ absl::Status TensorStore::NotFound(const std::string& owner, const std::string& 
   auto whose = owner_of_.find(handle);
   if (whose != owner_of_.end() && whose->second != owner) {
     return absl::NotFoundError(
-        absl::StrCat(field, ": handle \"", handle, "\" belongs to another client"));
+        absl::StrCat(field, ": handle ", Quote(handle), " belongs to another client"));
   }
   auto gone = gone_.find(handle);
   if (gone != gone_.end()) {
     return absl::NotFoundError(
-        absl::StrCat(field, ": handle \"", handle, "\" ",
+        absl::StrCat(field, ": handle ", Quote(handle), " ",
                      gone->second == Gone::kFreed
                          ? "was freed"
                          : absl::StrCat("expired (unused for longer than --resident_lease, ",
                                         absl::FormatDuration(options_.lease), ")")));
   }
-  return absl::NotFoundError(absl::StrCat(field, ": unknown handle \"", handle, "\""));
+  return absl::NotFoundError(absl::StrCat(field, ": unknown handle ", Quote(handle)));
 }
 
 absl::StatusOr<std::shared_ptr<ResidentTensor>> TensorStore::Acquire(const std::string& owner,
@@ -243,7 +244,7 @@ absl::StatusOr<int64_t> TensorStore::Free(const std::string& owner,
         absl::Status missing = NotFound(owner, handles[i], absl::StrCat("handles[", i, "]"));
         if (std::find(handles.begin(), handles.begin() + i, handles[i]) != handles.begin() + i) {
           missing = absl::NotFoundError(
-              absl::StrCat("handles[", i, "]: handle \"", handles[i], "\" is listed twice"));
+              absl::StrCat("handles[", i, "]: handle ", Quote(handles[i]), " is listed twice"));
         }
         return missing;
       }

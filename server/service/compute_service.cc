@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/common/status_macros.h"
 #include "server/core/cost.h"
+#include "server/service/auth.h"
 #include "server/service/convert.h"
 
 #ifndef GPUCOMPUTE_VERSION
@@ -107,6 +108,8 @@ class ComputeService::UnaryReactor final : public grpc::ServerUnaryReactor {
 };
 
 std::string ComputeService::OwnerOf(const grpc::CallbackServerContext& context) {
+  std::string identity = CallIdentity(context);
+  if (!identity.empty()) return identity;
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("gpucompute-session");
   if (it == metadata.end()) return "";

@@ -100,8 +100,10 @@ class ComputeService final : public ComputeServiceBase {
                                         const v1::ListTensorsRequest* request,
                                         v1::ListTensorsResponse* response) override;
 
-  // The owner of a call's resident tensors: its "gpucompute-session"
-  // metadata ("" without one).
+  // The owner of a call's resident tensors: the client's identity (its
+  // bearer token's, else its TLS client certificate's: CallIdentity in
+  // auth.h) when it has one, whatever session it names; else its
+  // "gpucompute-session" metadata ("" without one).
   static std::string OwnerOf(const grpc::CallbackServerContext& context);
 
   // From now on new calls (but GetServerInfo) are answered UNAVAILABLE at

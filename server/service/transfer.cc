@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/wire.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/service/compute_service.h"
 #include "server/service/convert.h"
@@ -389,8 +390,8 @@ absl::StatusOr<std::shared_ptr<ComputeService::UploadAssembly>> ComputeService::
           !std::equal(first.shape().begin(), first.shape().end(), header.shape().begin(),
                       header.shape().end()) ||
           first.has_device() != header.has_device() || first.device() != header.device()) {
-        return Invalid("header", absl::StrCat("upload \"", header.upload_id(),
-                                              "\" is in progress with another dtype, shape, "
+        return Invalid("header", absl::StrCat("upload ", Quote(header.upload_id()),
+                                              " is in progress with another dtype, shape, "
                                               "device or number of parts"));
       }
       return it->second;

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 
 namespace gpucompute {
@@ -83,14 +84,14 @@ absl::StatusOr<TensorView> ResolveTensor(const v1::Tensor& tensor, absl::string_
     ASSIGN_OR_RETURN(const DType dtype, ParseDType(tensor.dtype(), absl::StrCat(field, ".dtype")));
     if (dtype != view.dtype) {
       return Invalid(absl::StrCat(field, ".dtype"),
-                     absl::StrCat("resident tensor \"", tensor.handle(), "\" is ",
+                     absl::StrCat("resident tensor ", Quote(tensor.handle()), " is ",
                                   ProtoDTypeName(view.dtype), ", not ", ProtoDTypeName(dtype)));
     }
   }
   if (tensor.shape_size() > 0 && !std::equal(tensor.shape().begin(), tensor.shape().end(),
                                              view.shape.begin(), view.shape.end())) {
     return Invalid(absl::StrCat(field, ".shape"),
-                   absl::StrCat("resident tensor \"", tensor.handle(), "\" has shape ",
+                   absl::StrCat("resident tensor ", Quote(tensor.handle()), " has shape ",
                                 ShapeString(view.shape), ", not ",
                                 ShapeString(std::vector<int64_t>(tensor.shape().begin(),
                                                                  tensor.shape().end()))));

@@ -61,5 +61,23 @@ TEST(ClientOptionsTest, BadBalancingOptionsAreRefused) {
   EXPECT_TRUE(Client::Create(options).ok());
 }
 
+TEST(ClientOptionsTest, BadTokenOptionsAreRefused) {
+  ClientOptions options;
+  options.token = "a-token-0123456789";
+  options.token_file = "/dev/null";
+  EXPECT_EQ(Client::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = {};
+  options.token = "with space-0123456789";
+  EXPECT_EQ(Client::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = {};
+  options.token_file = "/nonexistent/token";
+  EXPECT_EQ(Client::Create(options).status().code(), absl::StatusCode::kNotFound);
+  options.token_file = "/dev/null";  // empty
+  EXPECT_EQ(Client::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = {};
+  options.token = "a-token-0123456789";
+  EXPECT_TRUE(Client::Create(options).ok());
+}
+
 }  // namespace
 }  // namespace gpucompute

@@ -201,6 +201,34 @@ TEST(ValidationTest, BadInputsNameTheField) {
             grpc::health::v1::HealthCheckResponse::SERVING);
 }
 
+TEST(ValidationTest, LongStringsAreCutInErrors) {
+  auto server = ServerProcess::Start({"--cpu_devices=2"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(20));
+  // A variant name past gRPC's 8 KiB metadata limit, and one of 1 MB: each
+  // is quoted as its first 256 bytes and its length.
+  for (size_t bytes : {size_t{8200}, size_t{1} << 20}) {
+    SCOPED_TRACE(bytes);
+    v1::GemmRequest gemm = Gemm();
+    gemm.mutable_options()->set_variant(std::string(bytes, 'v'));
+    absl::Status status = client->Gemm(gemm).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status.message().substr(0, 400);
+    EXPECT_LT(status.message().size(), 1024u) << status.message().substr(0, 400);
+    EXPECT_TRUE(absl::StrContains(status.message(), "options.variant")) << status.message();
+    EXPECT_TRUE(absl::StrContains(status.message(),
+                                  absl::StrCat(std::string(256, 'v'), "...\" (", bytes, " bytes)")))
+        << status.message();
+    EXPECT_FALSE(absl::StrContains(status.message(), std::string(257, 'v')));
+  }
+  // A handle: the same.
+  v1::TransposeRequest transpose = MakeTranspose(v1::FLOAT32, {3, 4});
+  *transpose.mutable_input() = HandleTensor(std::string(100000, 'h'));
+  absl::Status status = client->Transpose(transpose).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status.message().substr(0, 400);
+  EXPECT_LT(status.message().size(), 1024u);
+  EXPECT_TRUE(absl::StrContains(status.message(), "(100000 bytes)")) << status.message();
+}
+
 TEST(ValidationTest, OversizeMessageIsResourceExhausted) {
   auto server = ServerProcess::Start({"--max_message_bytes=1048576"});
   ASSERT_TRUE(server.ok()) << server.status();

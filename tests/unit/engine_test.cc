@@ -243,7 +243,7 @@ TEST_F(EngineTest, UnknownVariantNamesTheFieldAndTheChoices) {
   absl::StatusOr<OpResult> r = four_.Gemm(g.spec);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
-            "options.variant: unknown variant 'x' for gemm; available: openblas, naive");
+            "options.variant: unknown variant \"x\" for gemm; available: openblas, naive");
 
   testing::ReduceCase red = testing::MakeReduce(DType::kFloat32, {7}, -1, ReduceKind::kSum);
   red.spec.options.variant = "openblas";

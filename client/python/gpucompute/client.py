@@ -86,8 +86,8 @@ class Client(Operations):
       session: owner of the resident tensors this client makes, sent as "gpucompute-session"
         metadata (printable ASCII). Another session's handles are NOT_FOUND.
       token, token_file: a bearer token (or a file holding one, read at each call) sent as
-        "authorization: Bearer <token>" metadata, for deployments behind an authenticating
-        proxy; the server itself does not check tokens.
+        "authorization: Bearer <token>" metadata, for a server started with --token_file
+        (over TLS); the token's identity then owns the resident tensors, whatever the session.
       streams: streams of a parallel upload or download, each on a connection of its own.
       chunk_bytes: tensor bytes per message of an upload or download stream.
       parallel_min_bytes: transfers smaller than this use one stream.

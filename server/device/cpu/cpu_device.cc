@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/device/cpu/kernels.h"
 
@@ -115,8 +116,8 @@ absl::StatusOr<int> CpuDevice::ResolveVariant(OpKind op, const std::string& name
   for (size_t i = 0; i < variants.size(); ++i) {
     if (variants[i] == name) return static_cast<int>(i);
   }
-  return absl::InvalidArgumentError(absl::StrCat("options.variant: unknown variant '", name,
-                                                 "' for ", std::string(OpName(op)),
+  return absl::InvalidArgumentError(absl::StrCat("options.variant: unknown variant ", Quote(name),
+                                                 " for ", std::string(OpName(op)),
                                                  "; available: ", absl::StrJoin(variants, ", ")));
 }
 

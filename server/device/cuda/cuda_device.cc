@@ -15,6 +15,7 @@
 #include "gpucompute/kernels/gemv.h"
 #include "gpucompute/kernels/reduce.h"
 #include "gpucompute/kernels/transpose.h"
+#include "server/common/quote.h"
 #include "server/common/status_macros.h"
 #include "server/device/cuda/cuda_util.h"
 #include "server/device/cuda/shard_scope.h"
@@ -120,7 +121,7 @@ absl::Status ConvertOut(ShardScope& scope, const void* src, DType from, DType to
 absl::Status Refused(absl::string_view op, absl::string_view variant, absl::string_view reason) {
   if (variant.empty()) return absl::InvalidArgumentError(absl::StrCat(op, ": ", reason));
   return absl::InvalidArgumentError(
-      absl::StrCat("options.variant: '", variant, "' cannot run this ", op, ": ", reason));
+      absl::StrCat("options.variant: ", Quote(variant), " cannot run this ", op, ": ", reason));
 }
 
 }  // namespace
