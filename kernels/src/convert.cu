@@ -1,13 +1,12 @@
 // Element type conversion: one thread per element, a grid sized to the
 // machine that loops (memory bound: n * (size(from) + size(to)) bytes).
-#include "gpucompute/kernels/convert.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "gpucompute/kernels/convert.h"
 #include "launch_util.h"
 
 namespace gpucompute::kernels {
@@ -20,13 +19,16 @@ __device__ __forceinline__ float Load(const void* p, int64_t i, DType t) {
 }
 
 __device__ __forceinline__ void Store(void* p, int64_t i, DType t, float v) {
-  if (t == DType::kF32) static_cast<float*>(p)[i] = v;
-  else if (t == DType::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  if (t == DType::kF32)
+    static_cast<float*>(p)[i] = v;
+  else if (t == DType::kF16)
+    static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
 }
 
-__global__ void __launch_bounds__(256) ConvertKernel(const void* in, DType from, void* out,
-                                                     DType to, int64_t n) {
+__global__ void __launch_bounds__(256)
+    ConvertKernel(const void* in, DType from, void* out, DType to, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     Store(out, i, to, Load(in, i, from));

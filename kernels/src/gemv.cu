@@ -46,6 +46,35 @@
 //                0.97x, bf16 3779 GB/s 0.86x; n=4: f32 1.60x, bf16 0.56x GemmEx.
 //   trans_wide   trans_split with up to 4 segments side by side per warp
 //                (2 KiB of a row): a regression, f32 0.90x, bf16 0.65x at n=1.
+//
+// Rungs added for the shapes users send (measured 2026-12-01 through the
+// server's path by tests/sweep/memops_sweep.cc: device busy time, us, vendor
+// and every rung in the same run; table in
+// kernels/bench/results/sweep-memops.md):
+//   batched_w2/_w4/_w8  2, 4 or 8 warps share a row group along k and meet in
+//                shared memory: short, wide A fills the machine. bf16
+//                1024x50000 n=1: batched 130.3 -> batched_w8 28.6 (cuBLAS
+//                28.0, copy 27.4).
+//   scalar(_wN)  batched with element loads (any alignment, any lda), every
+//                column of x at once, 8 loads of A in flight per lane. bf16
+//                777x12345 (odd lda) n=8: warp_row 287.3 -> scalar_w8 23.8
+//                (cuBLAS 23.2); and fp32 with 8 columns, where the 16-byte
+//                kernel runs short of loads in flight: fp32 16384^2 n=8:
+//                batched_w2 579.5 -> scalar 373.9 (cuBLAS GemmEx 512.8).
+//   mma(_wN)     fp16/bf16 on the tensor cores: a warp owns 16 rows and runs
+//                mma.sync m16n8k16 against x padded to 8 columns, k permuted
+//                inside each block of 32 so that a lane reads 16 contiguous
+//                bytes of A. bf16 16384^2 n=8: batched_w2 293.3 -> mma_w4
+//                204.4, still 0.66x of cuBLAS (133.9): x goes through
+//                element loads from L1, 16 per 32 k per lane. 3001x2000 n=8:
+//                7.9 against cuBLAS 7.1.
+//   cublas       the vendor fallback (cublasGemmEx, fp32 compute, no
+//                reduced-precision split-K) where ours still lose: A^T x
+//                (trans_split 0.41-0.74x of the vendor: the k split over
+//                many blocks leaves a long serial combine in the last block
+//                of a tile, bf16 1024x50000 63.3 against 26.6; and at 4..8
+//                columns its FMAs and conversions are the limit) and
+//                fp16/bf16 with 5..8 columns.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -53,6 +82,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <mutex>
+#include <utility>
 #include <type_traits>
 
 #include "gpucompute/kernels/gemv.h"
@@ -994,40 +1025,52 @@ cudaError_t LaunchMma(const GemvParams& p, int split, cudaStream_t stream) {
 }
 
 // ---- the vendor fallback. ----
-// cublasGemmEx (fp32 compute, no TF32, default atomics mode: deterministic)
-// on the caller's stream, for the classes where our kernels still lose (see
+// cublasGemmEx (fp32 compute, no TF32, no reduced-precision split-K
+// reduction, default atomics mode: deterministic) on the caller's stream,
+// for the classes where our kernels still lose (see
 // heuristics/gemv_heuristics.h). Row-major y^T = x^T op(A)^T is, column-major,
 // Y' [ncols, m] = X' [ncols, k] * op(A)': A row-major with stride lda is
 // column-major [lda, rows], used as is (A x) or transposed (A^T x).
-// One handle per thread and device, made on first use and kept for the
-// thread's life.
+// One handle per (device, stream), made on first use and kept for the
+// process's life: the server's streams are its lanes, each leased by one
+// shard at a time, so a handle is never used by two threads at once, and
+// their number (and cuBLAS's workspace per handle) stays bounded by the
+// lanes.
 class CublasHandles {
  public:
-  ~CublasHandles() {
-    for (auto& [device, handle] : handles_) cublasDestroy(handle);
-  }
-  // The calling thread's handle for the current device; null when cuBLAS
-  // cannot make one.
-  cublasHandle_t Get() {
+  // The handle for `stream` on the current device; null when cuBLAS cannot
+  // make one.
+  cublasHandle_t Get(cudaStream_t stream) {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
-    auto it = handles_.find(device);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find({device, stream});
     if (it != handles_.end()) return it->second;
     cublasHandle_t h = nullptr;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return nullptr;
-    handles_[device] = h;
+    // Split-K partial sums in fp32 too: without this, cuBLAS may reduce them
+    // in the 16-bit output type (errors of ~1% at k = 1000, far from our
+    // kernels' fp32 accumulation).
+    if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(h, cublasMath_t(CUBLAS_DEFAULT_MATH |
+                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)) !=
+            CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(h);
+      return nullptr;
+    }
+    handles_[{device, stream}] = h;
     return h;
   }
 
  private:
-  std::map<int, cublasHandle_t> handles_;
+  std::mutex mu_;
+  std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles_;
 };
 
 cudaError_t LaunchCublas(const GemvArgs& args, cudaStream_t stream) {
-  static thread_local CublasHandles handles;
-  cublasHandle_t h = handles.Get();
-  if (h == nullptr || cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS)
-    return cudaErrorNotReady;
+  static CublasHandles* const handles = new CublasHandles();  // lives as long as the process
+  cublasHandle_t h = handles->Get(stream);
+  if (h == nullptr) return cudaErrorNotReady;
   const float alpha = args.alpha, beta = args.beta;
   const cudaDataType_t t = CublasType(args.dtype);
   const cublasStatus_t st = cublasGemmEx(

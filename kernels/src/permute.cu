@@ -7,11 +7,31 @@
 //
 // Routes. Drop size-1 axes, merge axes that stay adjacent, then route:
 // identity -> cudaMemcpyAsync; last axis kept -> batched row copy (widest
-// vector the row length and pointers allow, a thread group per row, 32-bit
-// multiply-shift index math; [64,512,2048]->(1,0,2) fp32 2996 GB/s, 0.72 of
-// copy); batched 2-D transpose -> the transpose ladder (transpose.cu); other
+// vector the row length and pointers allow, 32-bit multiply-shift index
+// math); batched 2-D transpose -> the transpose ladder (transpose.cu); other
 // patterns -> one thread per output element, writes coalesced, reads gathered
-// ([256,512,512]->(2,1,0) fp32 893 GB/s, 0.21).
+// ([256,512,512]->(2,1,0) fp32 893 GB/s, 0.21). The default's choice among
+// the routes is src/heuristics/transpose_heuristics.h.
+//
+// Routes, with what each measured through the server's path
+// (tests/sweep/memops_sweep.cc, 2026-12-01, device busy time, us; table in
+// kernels/bench/results/sweep-memops.md):
+//   row_copy_grouped  a thread group per row, vectors along it ([64,512,2048]
+//                     (1,0,2) fp32 2996 GB/s, 0.72 of copy, an earlier run):
+//                     short rows leave each thread one vector per row.
+//   row_copy          one 16-byte vector per thread, four in flight, the row
+//                     found by division: [8,512,16,128] (0,2,1,3) bf16 37.4
+//                     -> 18.9 (PyTorch 24.3); [96,512,384] (1,0,2) bf16 48.7
+//                     -> 36.6 (PyTorch 50.0). Rows that are not whole 16-byte
+//                     vectors go to gather, which won there ([33,257,129]
+//                     (1,0,2) fp32: 6.2 against row_copy 12.5).
+//   tiled             a 32x32 shared-memory tile between the input's last
+//                     axis and the output's: slower than gather on every
+//                     shape tried ([96,512,384] (2,1,0) fp32 159.6 against
+//                     144.0; [16,32,64,128] (3,2,1,0) 66.0 against 28.5): its
+//                     tiles read and write 32 rows far apart. A variant only.
+//   gather            the default for other permutations (at 0.95-1.05x of
+//                     PyTorch's copy kernel there).
 #include "gpucompute/kernels/transpose.h"
 
 #include <algorithm>
@@ -355,6 +375,17 @@ RowCopyParams MakeRowCopy(const PermuteArgs& a, const Canonical& c, int* vec_byt
   return p;
 }
 
+// Calls go(VT{}) with the unsigned vector type of `vec_bytes` (16, 8, 4 or 2).
+template <typename F>
+void ByVectorType(int vec_bytes, F&& go) {
+  switch (vec_bytes) {
+    case 16: go(uint4{}); break;
+    case 8: go(uint2{}); break;
+    case 4: go(uint32_t{}); break;
+    default: go(uint16_t{}); break;
+  }
+}
+
 int64_t RowBytes(const PermuteArgs& a, const Canonical& c) {
   return c.shape[c.rank - 1] * int64_t(DTypeSize(a.dtype));
 }
@@ -375,12 +406,7 @@ cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, bool grouped
       if (fast) RowCopyFlatKernel<VT, true><<<grid, 256, 0, s>>>(p, fvecs);
       else RowCopyFlatKernel<VT, false><<<grid, 256, 0, s>>>(p, fvecs);
     };
-    switch (vb) {
-      case 16: go(uint4{}); break;
-      case 8: go(uint2{}); break;
-      case 4: go(uint32_t{}); break;
-      default: go(uint16_t{}); break;
-    }
+    ByVectorType(vb, go);
     return cudaGetLastError();
   }
   const bool fast = p.rows < kFastLimit;
@@ -396,12 +422,7 @@ cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, bool grouped
     if (fast) RowCopyKernel<VT, true><<<grid, 256, 0, s>>>(p);
     else RowCopyKernel<VT, false><<<grid, 256, 0, s>>>(p);
   };
-  switch (vb) {
-    case 16: go(uint4{}); break;
-    case 8: go(uint2{}); break;
-    case 4: go(uint32_t{}); break;
-    default: go(uint16_t{}); break;
-  }
+  ByVectorType(vb, go);
   return cudaGetLastError();
 }
 

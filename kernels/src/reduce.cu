@@ -33,6 +33,20 @@
 // rows of threads along the axis, and split the axis across blocks when there
 // are too few tiles to fill the machine.
 //
+// Small-shape paths (measured 2026-12-01 through the server's path by
+// tests/sweep/memops_sweep.cc: device busy time, us, vendor and every rung in
+// the same run; table in kernels/bench/results/sweep-memops.md):
+//   row_warp     rows of up to 4096 elements, a warp per row (16-byte loads
+//                where the rows allow), no workspace: [100000, 100] fp32
+//                single_pass 243.4 -> 15.8 (PyTorch 31.6, copy 10.3);
+//                [1000, 37] 3.9 -> 1.3 (CUB segmented 2.1); [4096, 4096]
+//                bf16 13.4 -> 5.6 (CUB 8.1, copy 5.6).
+//   col_thread   a short reduced axis before the last: a thread per output
+//                vector walking the axis, no workspace: [128, 3, 4096] fp32
+//                10.3 -> 2.6 (PyTorch 6.4); [1000, 37, 7] 3.8 -> 3.1.
+// All elements of a large tensor take "vec" (no counters to clear): [10^5]
+// fp32 single_pass 4.5 -> 3.2 (CUB 2.7); 10^9 bf16: 451.4 (PyTorch 471.8).
+//
 // Determinism: every combination order is fixed by the arguments and the SM
 // count (block partials in index order, fixed shuffle trees); there are no
 // floating-point atomics. MAX/MIN use max.NaN/min.NaN so NaN propagates.

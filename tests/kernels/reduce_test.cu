@@ -324,6 +324,10 @@ TEST(ReduceRefusals, RejectsBadArguments) {
   EXPECT_EQ(kernels::ReduceVariantName(columns, ""), "single_pass");
   ReduceArgs short_rows = good;  // 4 rows of 100: the small-row path
   EXPECT_EQ(kernels::ReduceVariantName(short_rows, ""), "row_warp");
+  ReduceArgs all_small{p, p, 1, 37, 1, ReduceOp::kSum, DType::kF32, DType::kF32};
+  EXPECT_EQ(kernels::ReduceVariantName(all_small, ""), "row_warp");
+  ReduceArgs all_large{p, p, 1, 1000000, 1, ReduceOp::kSum, DType::kF32, DType::kF32};
+  EXPECT_EQ(kernels::ReduceVariantName(all_large, ""), "vec");
   ReduceArgs short_axis{p, p, 128, 3, 4096, ReduceOp::kSum, DType::kF32, DType::kF32};
   EXPECT_EQ(kernels::ReduceVariantName(short_axis, ""), "col_thread");
   EXPECT_TRUE(kernels::CanImplementReduce(short_axis, "col_thread").ok);

@@ -13,15 +13,15 @@
 namespace gpucompute::sweep {
 namespace {
 
-#define TIMER_CUPTI(expr)                                                          \
-  do {                                                                             \
-    CUptiResult r_ = (expr);                                                       \
-    if (r_ != CUPTI_SUCCESS) {                                                     \
-      const char* msg_ = nullptr;                                                  \
-      cuptiGetResultString(r_, &msg_);                                             \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, msg_);    \
-      std::exit(1);                                                                \
-    }                                                                              \
+#define TIMER_CUPTI(expr)                                                       \
+  do {                                                                          \
+    CUptiResult r_ = (expr);                                                    \
+    if (r_ != CUPTI_SUCCESS) {                                                  \
+      const char* msg_ = nullptr;                                               \
+      cuptiGetResultString(r_, &msg_);                                          \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, msg_); \
+      std::exit(1);                                                             \
+    }                                                                           \
   } while (0)
 
 constexpr size_t kBufferBytes = size_t(8) << 20;

@@ -71,10 +71,10 @@ struct Options {
 struct Row {
   std::string op, cls, shape;
   gpucompute::DType dtype = gpucompute::DType::kFloat32;
-  double bytes = 0;  // what must move: inputs read once, output written once
-  std::string variant;  // what the default ran
-  double ours = -1;     // busy seconds on the device per request (default path)
-  double ours_span = -1;  // their span
+  double bytes = 0;                      // what must move: inputs read once, output written once
+  std::string variant;                   // what the default ran
+  double ours = -1;                      // busy seconds on the device per request (default path)
+  double ours_span = -1;                 // their span
   std::map<std::string, double> forced;  // every version that runs the case
   std::string vendor;
   double vendor_s = -1;
@@ -84,14 +84,14 @@ struct Row {
 };
 
 const std::vector<std::string> kGemvVariants = {
-    "warp_row",  "vec16",     "batched",   "batched_w2", "batched_w4", "batched_w8",
-    "scalar",    "scalar_w2", "scalar_w4", "scalar_w8",  "mma",        "mma_w2",
-    "mma_w4",    "mma_w8",    "trans_split", "trans_wide", "cublas"};
+    "warp_row", "vec16",     "batched",     "batched_w2", "batched_w4", "batched_w8",
+    "scalar",   "scalar_w2", "scalar_w4",   "scalar_w8",  "mma",        "mma_w2",
+    "mma_w4",   "mma_w8",    "trans_split", "trans_wide", "cublas"};
 const std::vector<std::string> kReduceVariants = {"vec", "single_pass", "row_warp", "col_thread"};
 const std::vector<std::string> kPermuteRoutes = {"row_copy", "row_copy_grouped", "tiled", "gather"};
-const std::vector<std::string> kTransposeRungs = {"coarsened", "coarsened_vec",
-                                                  "coarsened_vec_grouped", "pipelined",
-                                                  "pipelined_grouped", "tiled"};
+const std::vector<std::string> kTransposeRungs = {
+    "coarsened", "coarsened_vec",     "coarsened_vec_grouped",
+    "pipelined", "pipelined_grouped", "tiled"};
 
 class Sweep {
  public:
@@ -141,18 +141,22 @@ class Sweep {
     return t;
   }
 
-  bool Wanted(const std::string& name) const {
+  // The row of a case; false when --filter leaves the case out.
+  bool Start(const char* op, const std::string& cls, std::string shape, gpucompute::DType dt,
+             Row* row) const {
+    row->op = op;
+    row->cls = cls;
+    row->dtype = dt;
+    row->shape = std::move(shape);
+    const std::string name = absl::StrCat(op, " ", cls, " ", row->shape, " ", Name(dt));
     return options_.filter.empty() || name.find(options_.filter) != std::string::npos;
   }
 
   void Gemv(const std::string& cls, int64_t m, int64_t k, int ncols, bool trans,
             gpucompute::DType dt) {
     Row row;
-    row.op = "gemv";
-    row.cls = cls;
-    row.dtype = dt;
-    row.shape = absl::StrCat(trans ? "A^T " : "A ", m, "x", k, " n=", ncols);
-    if (!Wanted(absl::StrCat(row.op, " ", cls, " ", row.shape, " ", Name(dt)))) return;
+    if (!Start("gemv", cls, absl::StrCat(trans ? "A^T " : "A ", m, "x", k, " n=", ncols), dt, &row))
+      return;
     const size_t es = DTypeSize(dt);
     DeviceArray a(size_t(m * k) * es), x(size_t(k * ncols) * es), y(size_t(m * ncols) * es);
     Fill(a.get(), m * k, K(dt), Seed());
@@ -160,7 +164,8 @@ class Sweep {
     row.bytes = double((m * k + k * ncols + m * ncols) * int64_t(es));
     GemvSpec spec;
     spec.a = View(dt, trans ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k}, a.get());
-    spec.x = View(dt, ncols == 1 ? std::vector<int64_t>{k} : std::vector<int64_t>{k, ncols}, x.get());
+    spec.x =
+        View(dt, ncols == 1 ? std::vector<int64_t>{k} : std::vector<int64_t>{k, ncols}, x.get());
     spec.m = m;
     spec.k = k;
     spec.ncols = ncols;
@@ -174,7 +179,8 @@ class Sweep {
     };
     Timed def = run("");
     Poison(y.get(), m * ncols, K(dt));
-    row.vendor_s = vendor_.TimeGemv(a.get(), x.get(), y.get(), m, k, ncols, trans, K(dt), &row.vendor);
+    row.vendor_s =
+        vendor_.TimeGemv(a.get(), x.get(), y.get(), m, k, ncols, trans, K(dt), &row.vendor);
     if (def.output) {
       row.error = MaxError(def.output->buffer().data(), K(dt), y.get(), K(dt), m * ncols,
                            4 * Eps(dt) * std::sqrt(double(k)), 4 * Eps(dt));
@@ -185,11 +191,10 @@ class Sweep {
   void Reduce(const std::string& cls, int64_t outer, int64_t axis, int64_t inner, bool max,
               gpucompute::DType dt) {
     Row row;
-    row.op = "reduce";
-    row.cls = cls;
-    row.dtype = dt;
-    row.shape = absl::StrCat(max ? "max " : "sum ", "[", outer, ",", axis, ",", inner, "]");
-    if (!Wanted(absl::StrCat(row.op, " ", cls, " ", row.shape, " ", Name(dt)))) return;
+    if (!Start("reduce", cls,
+               absl::StrCat(max ? "max " : "sum ", "[", outer, ",", axis, ",", inner, "]"), dt,
+               &row))
+      return;
     const size_t es = DTypeSize(dt);
     const int64_t n = outer * axis * inner;
     DeviceArray in(size_t(n) * es), ref(size_t(outer * inner) * 4);
@@ -223,11 +228,10 @@ class Sweep {
   void Permute(const std::string& cls, std::vector<int64_t> shape, std::vector<int> perm,
                gpucompute::DType dt) {
     Row row;
-    row.op = "transpose";
-    row.cls = cls;
-    row.dtype = dt;
-    row.shape = absl::StrCat("[", absl::StrJoin(shape, ","), "] (", absl::StrJoin(perm, ","), ")");
-    if (!Wanted(absl::StrCat(row.op, " ", cls, " ", row.shape, " ", Name(dt)))) return;
+    if (!Start("transpose", cls,
+               absl::StrCat("[", absl::StrJoin(shape, ","), "] (", absl::StrJoin(perm, ","), ")"),
+               dt, &row))
+      return;
     const size_t es = DTypeSize(dt);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -288,7 +292,8 @@ class Sweep {
       }
       std::fprintf(f,
                    "  {\"op\": \"%s\", \"class\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", "
-                   "\"bytes\": %.0f, \"variant\": \"%s\", \"ours_s\": %.9g, \"ours_span_s\": %.9g, \"vendor\": \"%s\", "
+                   "\"bytes\": %.0f, \"variant\": \"%s\", \"ours_s\": %.9g, \"ours_span_s\": %.9g, "
+                   "\"vendor\": \"%s\", "
                    "\"vendor_s\": %.9g, \"copy_s\": %.9g, \"error\": %.4g, \"ok\": %s, "
                    "\"forced\": {%s}}%s\n",
                    r.op.c_str(), r.cls.c_str(), r.shape.c_str(), Name(r.dtype), r.bytes,
@@ -307,8 +312,8 @@ class Sweep {
     for (const Row& r : rows_) {
       std::printf("%-10s %-14s %-34s %-5s %-22s %10.2f %10.2f %7.3f %7.3f %s\n", r.op.c_str(),
                   r.cls.c_str(), r.shape.c_str(), Name(r.dtype), r.variant.c_str(), r.ours * 1e6,
-                  r.vendor_s * 1e6, r.vendor_s > 0 ? r.vendor_s / r.ours : 0,
-                  r.copy_s / r.ours, r.ok ? "ok" : "WRONG");
+                  r.vendor_s * 1e6, r.vendor_s > 0 ? r.vendor_s / r.ours : 0, r.copy_s / r.ours,
+                  r.ok ? "ok" : "WRONG");
     }
     std::map<std::string, std::vector<const Row*>> by;
     for (const Row& r : rows_) by[r.op + " " + r.cls].push_back(&r);
@@ -426,10 +431,10 @@ void RunAll(Sweep& s) {
     const char* cls;
     int64_t m, k;
   };
-  const MK ax[] = {{"square", 1024, 1024},   {"square", 4096, 4096},  {"square", 16384, 16384},
-                   {"wide", 1024, 50000},    {"wide", 2000, 100000},  {"wide", 1000, 16384},
-                   {"tall", 50000, 1024},    {"tall", 100000, 1000},  {"odd", 3001, 2000},
-                   {"odd", 12345, 777},      {"odd", 777, 12345}};
+  const MK ax[] = {{"square", 1024, 1024}, {"square", 4096, 4096}, {"square", 16384, 16384},
+                   {"wide", 1024, 50000},  {"wide", 2000, 100000}, {"wide", 1000, 16384},
+                   {"tall", 50000, 1024},  {"tall", 100000, 1000}, {"odd", 3001, 2000},
+                   {"odd", 12345, 777},    {"odd", 777, 12345}};
   for (const MK& c : ax)
     for (D dt : kAll)
       for (int n : {1, 2, 4, 8}) {
@@ -447,21 +452,21 @@ void RunAll(Sweep& s) {
     const char* cls;
     int64_t outer, axis, inner;
   };
-  const R red[] = {
-      {"all", 1, 37, 1},          {"all", 1, 100000, 1},        {"all", 1, 10000000, 1},
-      {"all", 1, 1000000000, 1},  {"rows", 1000, 37, 1},        {"rows", 4096, 4096, 1},
-      {"rows", 100000, 100, 1},   {"rows", 16, 1000000, 1},     {"rows", 16384, 16384, 1},
-      {"rows", 65536, 1000, 1},   {"rows", 3, 7, 1},            {"cols", 1, 37, 1000},
-      {"cols", 1, 4096, 4096},    {"cols", 1, 100000, 64},      {"cols", 1, 64, 100000},
-      {"cols", 1, 16384, 16384},  {"middle", 64, 1024, 64},     {"middle", 8, 4096, 512},
-      {"middle", 1000, 37, 7},    {"middle", 2, 100000, 32},    {"middle", 128, 3, 4096}};
+  const R red[] = {{"all", 1, 37, 1},         {"all", 1, 100000, 1},     {"all", 1, 10000000, 1},
+                   {"all", 1, 1000000000, 1}, {"rows", 1000, 37, 1},     {"rows", 4096, 4096, 1},
+                   {"rows", 100000, 100, 1},  {"rows", 16, 1000000, 1},  {"rows", 16384, 16384, 1},
+                   {"rows", 65536, 1000, 1},  {"rows", 3, 7, 1},         {"cols", 1, 37, 1000},
+                   {"cols", 1, 4096, 4096},   {"cols", 1, 100000, 64},   {"cols", 1, 64, 100000},
+                   {"cols", 1, 16384, 16384}, {"middle", 64, 1024, 64},  {"middle", 8, 4096, 512},
+                   {"middle", 1000, 37, 7},   {"middle", 2, 100000, 32}, {"middle", 128, 3, 4096}};
   for (const R& c : red)
     for (D dt : kAll) {
       if (c.axis * c.outer * c.inner >= 1000000000 && dt == D::kFloat16) continue;
       s.Reduce(c.cls, c.outer, c.axis, c.inner, false, dt);
     }
   for (const R& c : red)
-    if (std::string(c.cls) != "middle") s.Reduce(c.cls, c.outer, c.axis, c.inner, true, D::kBFloat16);
+    if (std::string(c.cls) != "middle")
+      s.Reduce(c.cls, c.outer, c.axis, c.inner, true, D::kBFloat16);
 
   // Transpose: odd 2-D shapes and every rank-3 and rank-4 permutation class.
   struct P {
@@ -469,20 +474,32 @@ void RunAll(Sweep& s) {
     std::vector<int64_t> shape;
     std::vector<int> perm;
   };
-  const std::vector<P> perms = {
-      {"2d", {16384, 16384}, {1, 0}},         {"2d", {4096, 4096}, {1, 0}},
-      {"2d", {1000, 37}, {1, 0}},             {"2d", {3001, 2000}, {1, 0}},
-      {"2d", {37, 100000}, {1, 0}},           {"2d", {8192, 1024}, {1, 0}},
-      {"2d", {256, 256}, {1, 0}},             {"r3", {96, 512, 384}, {0, 2, 1}},
-      {"r3", {96, 512, 384}, {1, 0, 2}},      {"r3", {96, 512, 384}, {1, 2, 0}},
-      {"r3", {96, 512, 384}, {2, 0, 1}},      {"r3", {96, 512, 384}, {2, 1, 0}},
-      {"r3", {33, 257, 129}, {2, 1, 0}},      {"r3", {33, 257, 129}, {1, 0, 2}},
-      {"r3", {33, 257, 129}, {0, 2, 1}},      {"r4", {8, 512, 16, 128}, {0, 2, 1, 3}},
-      {"r4", {8, 16, 512, 128}, {0, 2, 1, 3}}, {"r4", {8, 16, 512, 128}, {0, 1, 3, 2}},
-      {"r4", {32, 64, 56, 56}, {0, 2, 3, 1}}, {"r4", {32, 56, 56, 64}, {0, 3, 1, 2}},
-      {"r4", {16, 32, 64, 128}, {3, 2, 1, 0}}, {"r4", {16, 32, 64, 128}, {1, 0, 3, 2}},
-      {"r4", {16, 32, 64, 128}, {2, 0, 3, 1}}, {"r4", {16, 32, 64, 128}, {1, 3, 0, 2}},
-      {"r4", {4, 7, 300, 65}, {0, 2, 1, 3}},  {"r4", {2, 3, 4, 5}, {3, 1, 2, 0}}};
+  const std::vector<P> perms = {{"2d", {16384, 16384}, {1, 0}},
+                                {"2d", {4096, 4096}, {1, 0}},
+                                {"2d", {1000, 37}, {1, 0}},
+                                {"2d", {3001, 2000}, {1, 0}},
+                                {"2d", {37, 100000}, {1, 0}},
+                                {"2d", {8192, 1024}, {1, 0}},
+                                {"2d", {256, 256}, {1, 0}},
+                                {"r3", {96, 512, 384}, {0, 2, 1}},
+                                {"r3", {96, 512, 384}, {1, 0, 2}},
+                                {"r3", {96, 512, 384}, {1, 2, 0}},
+                                {"r3", {96, 512, 384}, {2, 0, 1}},
+                                {"r3", {96, 512, 384}, {2, 1, 0}},
+                                {"r3", {33, 257, 129}, {2, 1, 0}},
+                                {"r3", {33, 257, 129}, {1, 0, 2}},
+                                {"r3", {33, 257, 129}, {0, 2, 1}},
+                                {"r4", {8, 512, 16, 128}, {0, 2, 1, 3}},
+                                {"r4", {8, 16, 512, 128}, {0, 2, 1, 3}},
+                                {"r4", {8, 16, 512, 128}, {0, 1, 3, 2}},
+                                {"r4", {32, 64, 56, 56}, {0, 2, 3, 1}},
+                                {"r4", {32, 56, 56, 64}, {0, 3, 1, 2}},
+                                {"r4", {16, 32, 64, 128}, {3, 2, 1, 0}},
+                                {"r4", {16, 32, 64, 128}, {1, 0, 3, 2}},
+                                {"r4", {16, 32, 64, 128}, {2, 0, 3, 1}},
+                                {"r4", {16, 32, 64, 128}, {1, 3, 0, 2}},
+                                {"r4", {4, 7, 300, 65}, {0, 2, 1, 3}},
+                                {"r4", {2, 3, 4, 5}, {3, 1, 2, 0}}};
   for (const P& c : perms)
     for (D dt : {D::kFloat32, D::kBFloat16}) s.Permute(c.cls, c.shape, c.perm, dt);
   for (const P& c : perms)
@@ -504,12 +521,27 @@ int main(int argc, char** argv) {
       if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
       return std::nullopt;
     };
-    if (auto v = value("--json")) options.json = *v;
-    else if (auto v = value("--filter")) options.filter = *v;
-    else if (auto v = value("--reps")) options.reps = std::max(1, std::atoi(v->c_str()));
-    else if (auto v = value("--warmup")) options.warmup = std::max(0, std::atoi(v->c_str()));
-    else if (arg == "--no-variants") options.variants = false;
-    else {
+    if (auto v = value("--json"))
+      options.json = *v;
+    else if (auto v = value("--filter"))
+      options.filter = *v;
+    else if (auto v = value("--reps"))
+      options.reps = std::max(1, std::atoi(v->c_str()));
+    else if (auto v = value("--warmup"))
+      options.warmup = std::max(0, std::atoi(v->c_str()));
+    else if (arg == "--no-variants")
+      options.variants = false;
+    else if (arg == "--help") {
+      std::printf(
+          "gc_sweep_memops [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] "
+          "[--no-variants]\n"
+          "  GEMV, transpose and reduce through the server's default path on GPU 0, every\n"
+          "  version forced too, against cuBLAS, CUB and cuBLASLt in the same run.\n"
+          "  --filter keeps the cases whose \"op class shape dtype\" contains SUBSTR;\n"
+          "  --no-variants times the default only. tests/sweep/torch_vendor.py adds\n"
+          "  PyTorch's times and writes the markdown table.\n");
+      return 0;
+    } else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 2;
     }

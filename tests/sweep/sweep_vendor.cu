@@ -1,34 +1,33 @@
 // Vendor baselines, fills and checks for the server-path sweeps.
-#include "tests/sweep/sweep_vendor.h"
-
-#include "tests/sweep/device_timer.h"
-
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <thrust/iterator/transform_iterator.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cub/cub.cuh>
 #include <cstring>
+#include <cub/cub.cuh>
 #include <functional>
-#include <thrust/iterator/transform_iterator.h>
 #include <vector>
+
+#include "tests/sweep/device_timer.h"
+#include "tests/sweep/sweep_vendor.h"
 
 namespace gpucompute::sweep {
 namespace {
 
-#define SWEEP_CUDA(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
+#define SWEEP_CUDA(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
+      std::exit(1);                                                                               \
+    }                                                                                             \
   } while (0)
 
 __device__ inline uint64_t Mix(uint64_t x) {
@@ -49,10 +48,14 @@ __device__ inline float LoadAs(const void* p, size_t i, int t) {
 __global__ void FillKernel(void* p, size_t n, int t, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
-    const float v = -1.f + 2.f * float(Mix(seed ^ (i * 0x9e3779b97f4a7c15ULL)) >> 40) * (1.f / 16777216.f);
-    if (t == 0) static_cast<float*>(p)[i] = v;
-    else if (t == 1) static_cast<__half*>(p)[i] = __float2half(v);
-    else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
+    const float v =
+        -1.f + 2.f * float(Mix(seed ^ (i * 0x9e3779b97f4a7c15ULL)) >> 40) * (1.f / 16777216.f);
+    if (t == 0)
+      static_cast<float*>(p)[i] = v;
+    else if (t == 1)
+      static_cast<__half*>(p)[i] = __float2half(v);
+    else
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
   }
 }
 
@@ -63,9 +66,12 @@ __global__ void ErrorKernel(const void* a, int ta, const void* b, int tb, size_t
        i += size_t(gridDim.x) * blockDim.x) {
     const double x = LoadAs(a, i, ta), y = LoadAs(b, i, tb);
     double e;
-    if (isnan(x) || isnan(y)) e = (isnan(x) && isnan(y)) ? 0 : INFINITY;
-    else if (x == y) e = 0;
-    else e = fabs(x - y) / (atol + rtol * fabs(y));
+    if (isnan(x) || isnan(y))
+      e = (isnan(x) && isnan(y)) ? 0 : INFINITY;
+    else if (x == y)
+      e = 0;
+    else
+      e = fabs(x - y) / (atol + rtol * fabs(y));
     local = fmax(local, e);
   }
   atomicMax(worst, static_cast<unsigned long long>(__double_as_longlong(local)));
@@ -180,23 +186,22 @@ double Vendor::TimeGemv(const void* a, const void* x, void* y, int64_t m, int64_
     if (dtype == DType::kF32) {
       consider("cublasSgemv", [&] {
         return cublasSgemv(h, op, rows, cols, &one, static_cast<const float*>(a), rows,
-                           static_cast<const float*>(x), 1, &zero, static_cast<float*>(y), 1) ==
-               CUBLAS_STATUS_SUCCESS;
+                           static_cast<const float*>(x), 1, &zero, static_cast<float*>(y),
+                           1) == CUBLAS_STATUS_SUCCESS;
       });
     } else if (dtype == DType::kBF16) {
       consider("cublasTSTgemvStridedBatched", [&] {
-        return cublasTSTgemvStridedBatched(h, op, rows, cols, &one,
-                                           static_cast<const __nv_bfloat16*>(a), rows, 0,
-                                           static_cast<const __nv_bfloat16*>(x), 1, 0, &zero,
-                                           static_cast<__nv_bfloat16*>(y), 1, 0, 1) ==
-               CUBLAS_STATUS_SUCCESS;
+        return cublasTSTgemvStridedBatched(
+                   h, op, rows, cols, &one, static_cast<const __nv_bfloat16*>(a), rows, 0,
+                   static_cast<const __nv_bfloat16*>(x), 1, 0, &zero,
+                   static_cast<__nv_bfloat16*>(y), 1, 0, 1) == CUBLAS_STATUS_SUCCESS;
       });
     } else {
       consider("cublasHSHgemvStridedBatched", [&] {
         return cublasHSHgemvStridedBatched(h, op, rows, cols, &one, static_cast<const __half*>(a),
                                            rows, 0, static_cast<const __half*>(x), 1, 0, &zero,
-                                           static_cast<__half*>(y), 1, 0, 1) ==
-               CUBLAS_STATUS_SUCCESS;
+                                           static_cast<__half*>(y), 1, 0,
+                                           1) == CUBLAS_STATUS_SUCCESS;
       });
     }
   }
@@ -220,8 +225,10 @@ double ReduceTyped(Vendor::Impl* v, const T* in, float* out, int64_t outer, int6
     size_t bytes = v->workspace_bytes;
     cudaError_t e;
     if (outer == 1) {
-      e = max ? cub::DeviceReduce::Reduce(v->workspace, bytes, it, out, axis, MaxF{}, init, v->stream)
-              : cub::DeviceReduce::Reduce(v->workspace, bytes, it, out, axis, SumF{}, init, v->stream);
+      e = max ? cub::DeviceReduce::Reduce(v->workspace, bytes, it, out, axis, MaxF{}, init,
+                                          v->stream)
+              : cub::DeviceReduce::Reduce(v->workspace, bytes, it, out, axis, SumF{}, init,
+                                          v->stream);
     } else {
       e = max ? cub::DeviceSegmentedReduce::Reduce(v->workspace, bytes, it, out, outer, offsets,
                                                    offsets + 1, MaxF{}, init, v->stream)
@@ -240,12 +247,17 @@ double Vendor::TimeReduce(const void* in, float* out, int64_t outer, int64_t axi
     std::vector<int64_t> host(size_t(outer + 1));
     for (int64_t i = 0; i <= outer; ++i) host[size_t(i)] = i * axis;
     SWEEP_CUDA(cudaMalloc(&offsets, host.size() * sizeof(int64_t)));
-    SWEEP_CUDA(cudaMemcpy(offsets, host.data(), host.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+    SWEEP_CUDA(
+        cudaMemcpy(offsets, host.data(), host.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
   }
   double t;
-  if (dtype == DType::kF32) t = ReduceTyped(impl_.get(), static_cast<const float*>(in), out, outer, axis, max, offsets);
-  else if (dtype == DType::kF16) t = ReduceTyped(impl_.get(), static_cast<const __half*>(in), out, outer, axis, max, offsets);
-  else t = ReduceTyped(impl_.get(), static_cast<const __nv_bfloat16*>(in), out, outer, axis, max, offsets);
+  if (dtype == DType::kF32)
+    t = ReduceTyped(impl_.get(), static_cast<const float*>(in), out, outer, axis, max, offsets);
+  else if (dtype == DType::kF16)
+    t = ReduceTyped(impl_.get(), static_cast<const __half*>(in), out, outer, axis, max, offsets);
+  else
+    t = ReduceTyped(impl_.get(), static_cast<const __nv_bfloat16*>(in), out, outer, axis, max,
+                    offsets);
   if (offsets) cudaFree(offsets);
   *which = outer == 1 ? "cub::DeviceReduce" : "cub::DeviceSegmentedReduce";
   return t;
@@ -259,10 +271,13 @@ double Vendor::TimeTranspose(const void* in, void* out, int64_t batch, int64_t r
   cublasLtMatrixLayout_t la = nullptr, lc = nullptr;
   bool ok = cublasLtMatrixTransformDescCreate(&desc, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
   const cublasOperation_t trans = CUBLAS_OP_T;
-  ok = ok && cublasLtMatrixTransformDescSetAttribute(desc, CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA,
-                                                     &trans, sizeof(trans)) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&la, CudaType(dtype), cols, rows, cols) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && cublasLtMatrixLayoutCreate(&lc, CudaType(dtype), rows, cols, rows) == CUBLAS_STATUS_SUCCESS;
+  ok =
+      ok && cublasLtMatrixTransformDescSetAttribute(desc, CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA,
+                                                    &trans, sizeof(trans)) == CUBLAS_STATUS_SUCCESS;
+  ok = ok &&
+       cublasLtMatrixLayoutCreate(&la, CudaType(dtype), cols, rows, cols) == CUBLAS_STATUS_SUCCESS;
+  ok = ok &&
+       cublasLtMatrixLayoutCreate(&lc, CudaType(dtype), rows, cols, rows) == CUBLAS_STATUS_SUCCESS;
   if (ok && batch > 1) {
     const int count = int(batch);
     const int64_t stride = rows * cols;
@@ -276,8 +291,8 @@ double Vendor::TimeTranspose(const void* in, void* out, int64_t batch, int64_t r
   if (ok) {
     const float one = 1.f, zero = 0.f;
     best = impl_->Time([&] {
-      return cublasLtMatrixTransform(impl_->lt, desc, &one, in, la, &zero, nullptr, nullptr, out, lc,
-                                     impl_->stream) == CUBLAS_STATUS_SUCCESS;
+      return cublasLtMatrixTransform(impl_->lt, desc, &one, in, la, &zero, nullptr, nullptr, out,
+                                     lc, impl_->stream) == CUBLAS_STATUS_SUCCESS;
     });
     if (best > 0) *which = "cublasLtMatrixTransform";
   }

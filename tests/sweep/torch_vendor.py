@@ -119,8 +119,8 @@ def summarise(data):
     pct = 100.0 * sum(x >= 0.95 for x in total) / max(1, len(total))
     pct_own = 100.0 * sum(x >= 0.9 for x in total_own) / max(1, len(total_own))
     lines.append(f"| all | | {len(rows)} | {geomean(total):.3f} | {min(total) if total else float('nan'):.3f} "
-                 f"| {sum(x >= 0.95 for x in total)}/{len(total)} ({pct:.0f}%) | | {geomean(total_own):.3f} "
-                 f"| {sum(x >= 0.9 for x in total_own)}/{len(total_own)} ({pct_own:.0f}%) |")
+                 f"| {sum(x >= 0.95 for x in total)}/{len(total)} ({pct:.1f}%) | | {geomean(total_own):.3f} "
+                 f"| {sum(x >= 0.9 for x in total_own)}/{len(total_own)} ({pct_own:.1f}%) |")
     return lines
 
 

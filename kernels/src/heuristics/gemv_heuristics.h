@@ -8,9 +8,10 @@
 //     was faster than every kernel of ours (trans_split 0.15-0.9x; mma
 //     0.6-0.7x, batched 0.4-0.6x at 8 columns): the default is the vendor
 //     fallback "cublas" there, named as such; fp32 with one column and few
-//     rows (m under a quarter of the target warps) too.
-//   - One column with a quarter of the machine's warps in rows of 2k..16k
-//     elements (fp32: 2k and longer): a warp per row ("vec16").
+//     rows (m under a quarter of the target warps), and fp16/bf16 with one
+//     column, 2000 rows or more of 16k elements or more, too.
+//   - One column with a quarter of the machine's warps in rows of 1k..16k
+//     elements (fp32: 1k and longer): a warp per row ("vec16").
 //   - Otherwise a warp per group of 2 or 4 rows ("batched"), with 2, 4 or 8
 //     warps sharing each row group along k ("batched_w2/_w4/_w8") until the
 //     machine is full (short, wide A); one launch, no workspace. fp32 with one
@@ -54,12 +55,18 @@ inline constexpr int64_t kGemvMinVectorsPerLane = 2;
 // fp16/bf16 with at least this many columns run on the tensor cores, when
 // their 16-row groups alone fill half the machine (wide, short A: batched).
 inline constexpr int kGemvMmaMinColumns = 5;
+// fp16/bf16 with one column, at least kGemvVendorMinRows16 rows of at least
+// kGemvVendorMinK16 elements: cuBLAS streams A faster than a D2D copy there
+// (a read-only stream), 5-10% ahead of our kernels, which stay at the copy.
+inline constexpr int64_t kGemvVendorMinRows16 = 2000;
+inline constexpr int64_t kGemvVendorMinK16 = 16384;
+
 // One warp per row ("vec16") for one column when there are at least this
 // share of the target's warps in rows, of at least kGemvVec16MinK elements
 // (and at most kGemvVec16MaxK16 for 16-bit types, whose long rows stream
 // better through split row groups).
 inline constexpr double kGemvVec16MinFill = 0.25;
-inline constexpr int64_t kGemvVec16MinK = 2048;
+inline constexpr int64_t kGemvVec16MinK = 1024;
 inline constexpr int64_t kGemvVec16MaxK16 = 16384;
 
 // Warps sharing one row group (1, 2, 4 or 8) when a warp owns
@@ -95,6 +102,9 @@ inline std::string_view ChooseGemv(const GemvShape& s, int sm_count) {
   // Where our kernels still lose, the vendor's (named "cublas" in the shard
   // timings): A^T x in every dtype, and fp16/bf16 with 5..8 columns.
   if (s.vendor_ok && (s.trans_a || (!fp32 && s.ncols >= kGemvMmaMinColumns))) return "cublas";
+  if (s.vendor_ok && !fp32 && s.ncols == 1 && s.m >= kGemvVendorMinRows16 &&
+      s.k >= kGemvVendorMinK16)
+    return "cublas";
   if (s.trans_a) return "trans_split";
   const int64_t vec = 16 / int64_t(DTypeSize(s.dtype));  // elements per 16-byte load
   const int64_t rows_per_warp = s.ncols <= 2 ? 2 : 4;    // BatchedConfig in gemv.cu

@@ -6,7 +6,11 @@
 // applicable rung on every shape of its list:
 //   - rows (inner = 1) of up to kReduceRowWarpMaxAxis elements: "row_warp",
 //     a warp per row (a block per row leaves most of its threads idle there,
-//     and the row split of "single_pass" has nothing to split);
+//     and the row split of "single_pass" has nothing to split); a single
+//     such row (all elements of a small tensor) too;
+//   - all elements of a larger tensor: "vec", block partials and a second
+//     kernel that adds them: 10-25% ahead of "single_pass", whose counters
+//     need clearing first (a memset);
 //   - columns (inner > 1) with a very short axis and enough outputs to fill
 //     the machine, or a short axis and an inner too narrow for a tile of 32
 //     lanes: "col_thread", a thread per output vector walking the axis;
@@ -41,7 +45,10 @@ inline constexpr int64_t kReduceColThreadMinThreads = 2048;
 // The name of the rung to run (one of ReduceVariants()).
 inline std::string_view ChooseReduce(const ReduceShape& s, int sm_count) {
   (void)sm_count;
-  if (s.inner == 1 && s.outer > 1 && s.axis <= kReduceRowWarpMaxAxis) return "row_warp";
+  if (s.inner == 1 && s.axis <= kReduceRowWarpMaxAxis) return "row_warp";
+  // All elements: partials per block and a second, one-block kernel that
+  // adds them (no counters to clear first).
+  if (s.outer == 1 && s.inner == 1) return "vec";
   if (s.inner > 1) {
     const int64_t v = 16 / int64_t(DTypeSize(s.in_type));
     const int64_t threads = s.outer * (s.inner % v == 0 ? s.inner / v : s.inner);

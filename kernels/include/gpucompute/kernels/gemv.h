@@ -20,7 +20,9 @@
 //                  (mma.sync m16n8k16, 16 rows per warp, fp32 accumulation);
 //   "cublas"       the vendor fallback: cublasGemmEx with fp32 compute on the
 //                  same stream (y in the input dtype or fp32 only), for the
-//                  classes where the kernels above still lose.
+//                  classes where the kernels above still lose. It keeps one
+//                  cuBLAS handle per device and stream: launches on one
+//                  stream must not come from two threads at once.
 // An empty variant picks the version src/heuristics/gemv_heuristics.h names
 // for the arguments (derived from the server-path sweep): vec16, batched or
 // scalar (split as the machine needs) for A x, mma for fp16/bf16 with many
