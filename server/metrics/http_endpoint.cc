@@ -10,6 +10,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,18 +21,11 @@
 namespace gpucompute {
 namespace {
 
-constexpr int kIoTimeoutSeconds = 5;
+// Each connection has this long for the whole exchange (request and answer).
+constexpr auto kConnectionDeadline = std::chrono::seconds(5);
 constexpr size_t kMaxRequestBytes = 16 * 1024;
-
-void SendAll(int fd, const std::string& data) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    sent += size_t(n);
-  }
-}
+// Connections held at once; more wait in the listen backlog.
+constexpr size_t kMaxConnections = 256;
 
 std::string Response(int code, const char* reason, const std::string& content_type,
                      const std::string& body, bool head_only) {
@@ -73,7 +69,8 @@ absl::StatusOr<std::unique_ptr<HttpEndpoint>> HttpEndpoint::Start(
     if (fd < 0) continue;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 16) == 0) {
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 64) == 0 &&
+        fcntl(fd, F_SETFL, O_NONBLOCK) == 0) {
       endpoint->listen_fd_ = fd;
       break;
     }
@@ -110,59 +107,123 @@ HttpEndpoint::~HttpEndpoint() {
     if (fd >= 0) close(fd);
 }
 
+struct HttpEndpoint::Connection {
+  int fd = -1;
+  std::chrono::steady_clock::time_point deadline;
+  std::string in;   // the request so far
+  std::string out;  // the answer, once the request is whole
+  size_t sent = 0;  // bytes of `out` sent
+};
+
 void HttpEndpoint::Loop() {
+  std::vector<Connection> conns;
+  std::vector<pollfd> fds;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
+    const auto now = std::chrono::steady_clock::now();
+    // Connections past their deadline are dropped, whatever they were doing.
+    for (size_t i = 0; i < conns.size();) {
+      if (now >= conns[i].deadline) {
+        close(conns[i].fd);
+        conns[i] = std::move(conns.back());
+        conns.pop_back();
+      } else {
+        ++i;
+      }
     }
-    if (fds[1].revents) return;
-    if (!(fds[0].revents & POLLIN)) continue;
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    timeval tv{kIoTimeoutSeconds, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    Answer(fd);
-    close(fd);
+    int timeout_ms = -1;
+    for (const Connection& c : conns) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(c.deadline - now).count() + 1;
+      if (timeout_ms < 0 || left < timeout_ms) timeout_ms = int(left);
+    }
+    fds.clear();
+    fds.push_back({wake_[0], POLLIN, 0});
+    // At the cap, new connections wait in the backlog until one closes.
+    fds.push_back({conns.size() < kMaxConnections ? listen_fd_ : -1, POLLIN, 0});
+    for (const Connection& c : conns)
+      fds.push_back({c.fd, short(c.out.empty() ? POLLIN : POLLOUT), 0});
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[0].revents) break;
+    // Serve the connections polled above (fds[2 + i] is conns[i]) before
+    // taking new ones.
+    for (size_t i = conns.size(); i-- > 0;) {
+      const short ev = fds[2 + i].revents;
+      if (ev == 0) continue;
+      Connection& c = conns[i];
+      bool keep = true;
+      if (c.out.empty() && (ev & (POLLIN | POLLHUP | POLLERR))) keep = Read(&c);
+      if (keep && !c.out.empty()) keep = Write(&c);
+      if (!keep) {
+        close(c.fd);
+        conns[i] = std::move(conns.back());
+        conns.pop_back();
+      }
+    }
+    if (fds[1].revents & POLLIN) {
+      while (conns.size() < kMaxConnections) {
+        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;  // EAGAIN: none left (or a transient error)
+        Connection c;
+        c.fd = fd;
+        c.deadline = std::chrono::steady_clock::now() + kConnectionDeadline;
+        conns.push_back(std::move(c));
+      }
+    }
+  }
+  for (const Connection& c : conns) close(c.fd);
+}
+
+bool HttpEndpoint::Read(Connection* c) {
+  char buf[4096];
+  while (true) {
+    const ssize_t n = recv(c->fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;  // more later
+    if (n <= 0) {
+      // The peer closed (or failed) before a whole request: answer what came,
+      // as before, when there is a request line; else drop it.
+      if (c->in.empty()) return false;
+      c->out = Answer(c->in);
+      return true;
+    }
+    c->in.append(buf, size_t(n));
+    if (c->in.size() > kMaxRequestBytes) {
+      c->out = Response(431, "Request Header Fields Too Large", "text/plain", "", false);
+      return true;
+    }
+    if (c->in.find("\r\n\r\n") != std::string::npos || c->in.find("\n\n") != std::string::npos) {
+      c->out = Answer(c->in);
+      return true;
+    }
   }
 }
 
-void HttpEndpoint::Answer(int fd) {
-  std::string request;
-  char buf[2048];
-  // One deadline for the whole request, so that a client trickling bytes
-  // cannot hold the (only) serving thread.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kIoTimeoutSeconds);
-  while (request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos) {
-    if (std::chrono::steady_clock::now() > deadline) return;
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
+bool HttpEndpoint::Write(Connection* c) {
+  while (c->sent < c->out.size()) {
+    const ssize_t n = send(c->fd, c->out.data() + c->sent, c->out.size() - c->sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    request.append(buf, size_t(n));
-    if (request.size() > kMaxRequestBytes) {
-      SendAll(fd, Response(431, "Request Header Fields Too Large", "text/plain", "", false));
-      return;
-    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;  // when writable again
+    if (n <= 0) return false;
+    c->sent += size_t(n);
   }
+  return false;  // all sent: close
+}
+
+std::string HttpEndpoint::Answer(const std::string& request) {
   const size_t line_end = request.find_first_of("\r\n");
   const std::string line = request.substr(0, line_end);
   const bool get = absl::StartsWith(line, "GET ");
   const bool head = absl::StartsWith(line, "HEAD ");
-  if (!get && !head) {
-    SendAll(fd, Response(405, "Method Not Allowed", "text/plain", "only GET\n", false));
-    return;
-  }
+  if (!get && !head) return Response(405, "Method Not Allowed", "text/plain", "only GET\n", false);
   const size_t path_begin = line.find(' ') + 1;
   const std::string path = line.substr(path_begin, line.find(' ', path_begin) - path_begin);
   const std::string bare = path.substr(0, path.find('?'));
-  if (bare != "/metrics" && bare != "/") {
-    SendAll(fd, Response(404, "Not Found", "text/plain", "see /metrics\n", head));
-    return;
-  }
-  SendAll(fd, Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body_(), head));
+  if (bare != "/metrics" && bare != "/")
+    return Response(404, "Not Found", "text/plain", "see /metrics\n", head);
+  return Response(200, "OK", "text/plain; version=0.0.4; charset=utf-8", body_(), head);
 }
 
 }  // namespace gpucompute

@@ -10,12 +10,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -511,6 +513,65 @@ TEST(MetricsTest, ServesHttpThatPromtoolAccepts) {
   EXPECT_EQ(pclose(pipe), 0) << lint;
   EXPECT_EQ(lint, "") << "promtool check metrics reported problems";
   std::remove(path.c_str());
+}
+
+// A connected socket to 127.0.0.1:port, or -1.
+int ConnectTo(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Clients that connect and send nothing, or trickle half a request, used to
+// hold the endpoint's only thread for 5 s each: ten of them delayed a scrape
+// by 50 s, past Prometheus's scrape timeout.
+TEST(MetricsTest, IdleConnectionsDoNotDelayAScrape) {
+  Metrics metrics;
+  metrics.AddMethod("Echo");
+  ASSERT_TRUE(metrics.Serve("127.0.0.1:0").ok());
+  std::vector<int> idle;
+  for (int i = 0; i < 10; ++i) {
+    const int fd = ConnectTo(metrics.port());
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  const int trickle = ConnectTo(metrics.port());
+  ASSERT_GE(trickle, 0);
+  ASSERT_EQ(write(trickle, "GET /met", 8), 8);
+
+  const absl::Time start = absl::Now();
+  const std::string response = HttpGet(metrics.port(), "/metrics");
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200")) << response.substr(0, 200);
+  EXPECT_LT(took, absl::Milliseconds(500)) << "a scrape behind 11 idle connections";
+
+  // Many scrapes at once are all answered.
+  std::vector<std::thread> scrapers;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 16; ++i) {
+    scrapers.emplace_back([&] {
+      if (absl::StartsWith(HttpGet(metrics.port(), "/metrics"), "HTTP/1.1 200")) ++ok;
+    });
+  }
+  for (std::thread& t : scrapers) t.join();
+  EXPECT_EQ(ok.load(), 16);
+
+  // The trickling client is closed once its 5 s for the whole exchange pass.
+  timeval tv{8, 0};
+  setsockopt(trickle, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char byte;
+  const absl::Time wait_start = absl::Now();
+  EXPECT_EQ(read(trickle, &byte, 1), 0) << "the server should close it";
+  EXPECT_LT(absl::Now() - wait_start, absl::Seconds(7));
+  close(trickle);
+  for (int fd : idle) close(fd);
 }
 
 TEST(MetricsTest, ServeReportsAnAddressInUse) {
