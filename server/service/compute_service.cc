@@ -130,6 +130,13 @@ ComputeService::ComputeService(Engine* engine, Admission* admission, WorkerPool*
   }
 }
 
+absl::Time ComputeService::AdmissionDeadline(const Call& call) {
+  if (call.deadline == absl::InfiniteFuture()) return call.deadline;
+  const absl::Duration margin =
+      std::clamp((call.deadline - call.accepted) / 10, absl::Milliseconds(10), absl::Seconds(1));
+  return call.deadline - margin;
+}
+
 ComputeService::Call ComputeService::StartCall(grpc::CallbackServerContext* context) const {
   return Call{context, absl::Now(), absl::FromChrono(context->deadline()), OwnerOf(*context)};
 }
@@ -177,8 +184,9 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   ASSIGN_OR_RETURN(const auto spec, Parse(request, options_.limits, &handles));
   const double decode_seconds = SecondsSince(decode_start);
   grpc::CallbackServerContext* context = call.context;
+  const absl::Time admit_by = AdmissionDeadline(call);
   absl::StatusOr<Admission::Ticket> admitted = admission_->Admit(
-      FootprintBytes(spec), call.deadline, [context] { return context->IsCancelled(); });
+      FootprintBytes(spec), admit_by, [context] { return context->IsCancelled(); });
   const double queue_seconds = SecondsSince(call.accepted) - decode_seconds;
   if (!admitted.ok()) {
     metrics_->ObserveQueue(queue_seconds);
@@ -192,9 +200,9 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     metrics_->ObserveQueue(queue_seconds);
     return absl::DeadlineExceededError("the deadline passed before the operation started");
   }
-  // The devices' own admission waits no longer than the call.
+  // The devices' own admission waits no longer than the server's.
   CallContext call_context;
-  call_context.deadline = call.deadline;
+  call_context.deadline = admit_by;
   call_context.cancelled = [context] { return context->IsCancelled(); };
   call_context.owner = call.owner;
   call_context.resident = handles.held();
