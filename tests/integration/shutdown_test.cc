@@ -1,5 +1,7 @@
 // SIGTERM with requests in flight: every one is answered OK, new calls are
-// refused, health turns NOT_SERVING, and the server exits 0.
+// refused (UNAVAILABLE, never CANCELLED), health turns NOT_SERVING and every
+// Watch is told so and closed, and the server exits 0 (at once when idle,
+// whatever Watches are open).
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -136,6 +138,55 @@ TEST(ShutdownTest, SigtermDrainsRequestsInFlight) {
   EXPECT_EQ(states.front(), HealthCheckResponse::SERVING);
   EXPECT_EQ(states.back(), HealthCheckResponse::NOT_SERVING)
       << "the watch was not told NOT_SERVING while draining";
+}
+
+TEST(ShutdownTest, HealthWatchIsToldAndClosedAndDoesNotHoldShutdown) {
+  // A client with client-side health checking always holds a Watch: an idle
+  // server must still exit at once, well within the shutdown timeout.
+  auto server = ServerProcess::Start({"--shutdown_timeout=30s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(60));
+  auto health = grpc::health::v1::Health::NewStub(client->channel());
+  std::vector<int> states;
+  std::atomic<bool> watching{false};
+  std::atomic<bool> closed{false};
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  std::thread watcher([&] {
+    auto reader = health->Watch(&watch_ctx, grpc::health::v1::HealthCheckRequest());
+    HealthCheckResponse r;
+    while (reader->Read(&r)) {
+      states.push_back(r.status());
+      watching = true;
+    }
+    reader->Finish();
+    closed = true;
+  });
+  for (absl::Time until = absl::Now() + absl::Seconds(10); !watching && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_TRUE(watching) << "the watch never answered";
+
+  const absl::Time signalled = absl::Now();
+  (*server)->Signal(SIGTERM);
+  auto status = (*server)->Wait(absl::Seconds(10));
+  const absl::Duration took = absl::Now() - signalled;
+  // The server closes the watch (or its exit does); either way it ends.
+  for (absl::Time until = absl::Now() + absl::Seconds(5); !closed && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  watch_ctx.TryCancel();
+  watcher.join();
+
+  ASSERT_TRUE(status.ok()) << "still running 10 s after SIGTERM with a health Watch open: "
+                           << status.status();
+  EXPECT_LT(took, absl::Seconds(3)) << "an idle server took " << took << " to exit";
+  EXPECT_TRUE(WIFEXITED(*status)) << "killed by signal " << WTERMSIG(*status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.front(), HealthCheckResponse::SERVING);
+  EXPECT_EQ(states.back(), HealthCheckResponse::NOT_SERVING)
+      << "the watch was not told NOT_SERVING before it was closed";
 }
 
 TEST(ShutdownTest, SigintWhenIdleExitsZero) {
