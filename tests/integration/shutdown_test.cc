@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/verify.h"
+#include "gpucompute/v1/compute.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
@@ -187,6 +188,74 @@ TEST(ShutdownTest, HealthWatchIsToldAndClosedAndDoesNotHoldShutdown) {
   EXPECT_EQ(states.front(), HealthCheckResponse::SERVING);
   EXPECT_EQ(states.back(), HealthCheckResponse::NOT_SERVING)
       << "the watch was not told NOT_SERVING before it was closed";
+}
+
+TEST(ShutdownTest, CallsDuringShutdownAreUnavailableNeverCancelled) {
+  // An open Batch stream may finish until the shutdown deadline: the
+  // transition lasts as long as it stays open. Calls started meanwhile, on
+  // connections old and new, must get UNAVAILABLE (retryable).
+  auto server = ServerProcess::Start({"--shutdown_timeout=30s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(10));
+  ASSERT_TRUE(client->Echo(MakeEcho(v1::FLOAT32, {3})).ok());
+
+  auto stub = v1::Compute::NewStub(client->channel());
+  grpc::ClientContext batch_ctx;
+  batch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto batch = stub->Batch(&batch_ctx);
+  {
+    // One item answered: the stream is open on the server.
+    v1::BatchRequest item;
+    item.set_id("before");
+    *item.mutable_transpose() = MakeTranspose(v1::FLOAT32, {2, 3});
+    ASSERT_TRUE(batch->Write(item));
+    v1::BatchResponse answer;
+    ASSERT_TRUE(batch->Read(&answer));
+    ASSERT_EQ(answer.code(), 0) << answer.message();
+  }
+
+  (*server)->Signal(SIGTERM);
+  constexpr int kCallers = 4;
+  std::vector<std::vector<absl::Status>> seen(kCallers);
+  std::vector<std::thread> callers;
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      // Half share the connection of the open stream, half reconnect.
+      std::unique_ptr<Client> own =
+          (*server)->NewClient(absl::Seconds(10), /*own_connection=*/i % 2 == 1);
+      Client& caller = i % 2 == 0 ? *client : *own;
+      while (absl::Now() < until) {
+        seen[i].push_back(caller.Echo(MakeEcho(v1::FLOAT32, {3})).status());
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  batch->WritesDone();
+  v1::BatchResponse answer;
+  while (batch->Read(&answer)) {
+  }
+  const grpc::Status batch_status = batch->Finish();
+  auto status = (*server)->Wait(absl::Seconds(60));
+
+  int calls = 0;
+  int unavailable = 0;
+  for (int i = 0; i < kCallers; ++i) {
+    for (const absl::Status& s : seen[i]) {
+      ++calls;
+      if (s.code() == absl::StatusCode::kUnavailable) ++unavailable;
+      // OK only for a call that beat the signal to the server.
+      EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kUnavailable)
+          << "caller " << i << " (" << (i % 2 == 0 ? "shared" : "own") << " connection): " << s;
+    }
+  }
+  EXPECT_GT(unavailable, calls / 2) << unavailable << " of " << calls << " calls UNAVAILABLE";
+  EXPECT_TRUE(batch_status.ok()) << batch_status.error_code() << " "
+                                 << batch_status.error_message();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status)) << "killed by signal " << WTERMSIG(*status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
 }
 
 TEST(ShutdownTest, SigintWhenIdleExitsZero) {
