@@ -28,6 +28,11 @@ constexpr int64_t kResponseEnvelopeBytes = 64 << 10;
 
 constexpr char kServiceName[] = "gpucompute.v1.Compute";
 
+// At shutdown, once the Compute calls are done: how long the calls left
+// (health Watches, reflection, calls just refused) have to finish before
+// they are cancelled. Long enough for an answer already written to leave.
+constexpr absl::Duration kCloseGrace = absl::Milliseconds(250);
+
 absl::Status CheckOptions(const ServerOptions& options) {
   if (options.listen.empty()) {
     return absl::InvalidArgumentError("--listen: expected host:port but got an empty address");
@@ -377,14 +382,17 @@ void Server::Shutdown() {
   }
   const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
   if (grpc_server_ != nullptr) {
-    // While the operations in flight finish, new calls are still taken in
-    // and answered UNAVAILABLE (retryable), and health reads NOT_SERVING;
-    // then gRPC stops accepting and waits for the calls left (open Batch
-    // streams) until the deadline, cancelling what remains.
+    // Health turns NOT_SERVING for good, which every Watch is sent. While
+    // the Compute calls accepted finish (operations in flight, open
+    // streams, answers being sent; until the deadline), new calls are still
+    // taken in and answered UNAVAILABLE (retryable): gRPC's own shutdown
+    // would drop them as CANCELLED.
     service_->StartDraining();
-    grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+    grpc_server_->GetHealthCheckService()->Shutdown();
     service_->WaitIdle(deadline);
-    grpc_server_->Shutdown(absl::ToChronoTime(deadline));
+    // Only calls of other services are left, health Watches above all,
+    // which end only when cancelled: they get a moment, not the deadline.
+    grpc_server_->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kCloseGrace)));
   }
   // Calls still running on the workers finish (their reactors complete).
   if (pool_ != nullptr) pool_->Stop();

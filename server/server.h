@@ -128,10 +128,12 @@ class Server {
   // Start failed).
   void Wait();
 
-  // Graceful shutdown: health NOT_SERVING, stop accepting calls, let those
-  // in flight finish (cancelling what is left after shutdown_timeout), stop
-  // the workers. Thread-safe and idempotent. REQUIRES: not called from a
-  // gRPC callback, nor while Start is running.
+  // Graceful shutdown: health NOT_SERVING (sent to every Watch), new
+  // Compute calls answered UNAVAILABLE while those accepted finish
+  // (cancelling what is left after shutdown_timeout), then every other call
+  // (health Watches, reflection) closed within a moment, the workers
+  // stopped. Thread-safe and idempotent. REQUIRES: not called from a gRPC
+  // callback, nor while Start is running.
   void Shutdown();
 
   // Reads the token file again. Returns the number of tokens now in force;

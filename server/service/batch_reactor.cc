@@ -26,6 +26,7 @@ class ComputeService::BatchReactor final
  public:
   BatchReactor(ComputeService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), accepted_(absl::Now()) {
+    service_->BeginCall();
     service_->metrics_->RequestStarted();
     StartRead(&request_);
   }
@@ -111,6 +112,7 @@ class ComputeService::BatchReactor final
                                                    absl::FromChrono(context_->deadline()));
     service_->metrics_->RequestFinished("Batch", code,
                                         absl::ToDoubleSeconds(absl::Now() - accepted_));
+    service_->EndCall();
     delete this;
   }
 
@@ -192,7 +194,7 @@ class ComputeService::BatchReactor final
     });
     if (dropped) service->ReleaseTicket(ticket);
     // Counted as running until here, so a drain waits for the answer to be
-    // queued; the write itself is awaited by grpc::Server::Shutdown.
+    // queued; the write itself is awaited with the stream (BeginCall).
     service->EndOp();
     Act(actions);
   }

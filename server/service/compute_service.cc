@@ -89,21 +89,29 @@ class StoreResolver final : public HandleResolver {
 }  // namespace
 
 // A unary call's reactor: finishes the call and, once gRPC is done with it,
-// records how long sending the response took.
+// records how long sending the response took (when `observe_send`). The
+// call counts as open (WaitIdle) until then.
 class ComputeService::UnaryReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit UnaryReactor(Metrics* metrics) : metrics_(metrics) {}
+  UnaryReactor(ComputeService* service, bool observe_send)
+      : service_(service), observe_send_(observe_send) {
+    service_->BeginCall();
+  }
   void Finish(grpc::Status status) {
     finished_ = absl::Now();
     ServerUnaryReactor::Finish(std::move(status));
   }
   void OnDone() override {
-    if (finished_ != absl::InfinitePast()) metrics_->ObserveStage("send", SecondsSince(finished_));
+    if (observe_send_ && finished_ != absl::InfinitePast()) {
+      service_->metrics_->ObserveStage("send", SecondsSince(finished_));
+    }
+    service_->EndCall();
     delete this;
   }
 
  private:
-  Metrics* const metrics_;
+  ComputeService* const service_;
+  const bool observe_send_;
   absl::Time finished_ = absl::InfinitePast();
 };
 
@@ -157,9 +165,21 @@ void ComputeService::EndOp() {
   --active_ops_;
 }
 
+void ComputeService::BeginCall() {
+  absl::MutexLock lock(&ops_mu_);
+  ++open_calls_;
+}
+
+void ComputeService::EndCall() {
+  absl::MutexLock lock(&ops_mu_);
+  --open_calls_;
+}
+
 bool ComputeService::WaitIdle(absl::Time deadline) {
   absl::MutexLock lock(&ops_mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_) { return active_ops_ == 0; };
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_) {
+    return active_ops_ == 0 && open_calls_ == 0;
+  };
   return ops_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
@@ -256,7 +276,7 @@ grpc::ServerUnaryReactor* ComputeService::RunUnary(absl::string_view method,
   metrics_->AddReceivedBytes(static_cast<int64_t>(request->ByteSizeLong()));
   BeginOp();
   EnterQueue();
-  auto* reactor = new UnaryReactor(metrics_);
+  auto* reactor = new UnaryReactor(this, /*observe_send=*/true);
   bool run_here = false;
   if (request->ByteSizeLong() <= kInlineRequestBytes) {
     int running = inline_ops_.load();
@@ -320,11 +340,13 @@ grpc::ServerUnaryReactor* ComputeService::Echo(grpc::CallbackServerContext* cont
                                                v1::EchoResponse* response) {
   // The transport baseline: answered on the gRPC thread, the payload moved
   // (not copied) from request to response.
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (absl::Status status = CheckAccepting("Echo"); !status.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(ToGrpcStatus(status));
     return reactor;
   }
+  // Open until its answer is sent: a drain waits for that (WaitIdle).
+  auto* reactor = new UnaryReactor(this, /*observe_send=*/false);
   const absl::Time accepted = absl::Now();
   metrics_->RequestStarted();
   const int64_t size = static_cast<int64_t>(request->ByteSizeLong());

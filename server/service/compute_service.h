@@ -111,7 +111,9 @@ class ComputeService final : public ComputeServiceBase {
   void StartDraining() { draining_ = true; }
 
   // Blocks until no operation is running or queued (unary calls and Batch
-  // items), or until `deadline`. True when idle.
+  // items) and every call of this service that was accepted is done with
+  // (its answer sent, its stream closed), or until `deadline`. True when
+  // idle. Calls refused while draining are not waited for.
   bool WaitIdle(absl::Time deadline);
 
  private:
@@ -183,6 +185,10 @@ class ComputeService final : public ComputeServiceBase {
   // Operations accepted and not yet answered (for WaitIdle).
   void BeginOp();
   void EndOp();
+  // Calls accepted that gRPC is not done with yet (for WaitIdle): from the
+  // reactor's creation to its OnDone.
+  void BeginCall();
+  void EndCall();
 
   Engine* const engine_;
   std::function<void()> on_no_healthy_device_;
@@ -199,6 +205,7 @@ class ComputeService final : public ComputeServiceBase {
       ABSL_GUARDED_BY(uploads_mu_);
   absl::Mutex ops_mu_;
   int64_t active_ops_ ABSL_GUARDED_BY(ops_mu_) = 0;
+  int64_t open_calls_ ABSL_GUARDED_BY(ops_mu_) = 0;
 };
 
 }  // namespace gpucompute

@@ -153,6 +153,7 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
   UploadReactor(ComputeService* service, grpc::CallbackServerContext* context,
                 grpc::ByteBuffer* response)
       : service_(service), context_(context), response_(response), owner_(OwnerOf(*context)) {
+    service_->BeginCall();
     service_->metrics_->RequestStarted();
     StartRead(&incoming_);
   }
@@ -198,6 +199,7 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
 
   void OnDone() override {
     service_->metrics_->RequestFinished("Upload", final_code_, SecondsSince(accepted_));
+    service_->EndCall();
     delete this;
   }
 
@@ -427,6 +429,7 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
   DownloadReactor(ComputeService* service, grpc::CallbackServerContext* context,
                   const grpc::ByteBuffer& request)
       : service_(service) {
+    service_->BeginCall();
     service_->metrics_->RequestStarted();
     absl::Status status = Start(OwnerOf(*context), request);
     if (!status.ok()) {
@@ -469,6 +472,7 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
 
   void OnDone() override {
     service_->metrics_->RequestFinished("Download", final_code_, SecondsSince(accepted_));
+    service_->EndCall();
     delete this;
   }
 

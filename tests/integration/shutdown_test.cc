@@ -1,5 +1,7 @@
 // SIGTERM with requests in flight: every one is answered OK, new calls are
-// refused, health turns NOT_SERVING, and the server exits 0.
+// refused (UNAVAILABLE, never CANCELLED), health turns NOT_SERVING and every
+// Watch is told so and closed, and the server exits 0 (at once when idle,
+// whatever Watches are open).
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -14,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/verify.h"
+#include "gpucompute/v1/compute.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
@@ -136,6 +139,123 @@ TEST(ShutdownTest, SigtermDrainsRequestsInFlight) {
   EXPECT_EQ(states.front(), HealthCheckResponse::SERVING);
   EXPECT_EQ(states.back(), HealthCheckResponse::NOT_SERVING)
       << "the watch was not told NOT_SERVING while draining";
+}
+
+TEST(ShutdownTest, HealthWatchIsToldAndClosedAndDoesNotHoldShutdown) {
+  // A client with client-side health checking always holds a Watch: an idle
+  // server must still exit at once, well within the shutdown timeout.
+  auto server = ServerProcess::Start({"--shutdown_timeout=30s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(60));
+  auto health = grpc::health::v1::Health::NewStub(client->channel());
+  std::vector<int> states;
+  std::atomic<bool> watching{false};
+  std::atomic<bool> closed{false};
+  grpc::ClientContext watch_ctx;
+  watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  std::thread watcher([&] {
+    auto reader = health->Watch(&watch_ctx, grpc::health::v1::HealthCheckRequest());
+    HealthCheckResponse r;
+    while (reader->Read(&r)) {
+      states.push_back(r.status());
+      watching = true;
+    }
+    reader->Finish();
+    closed = true;
+  });
+  for (absl::Time until = absl::Now() + absl::Seconds(10); !watching && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_TRUE(watching) << "the watch never answered";
+
+  const absl::Time signalled = absl::Now();
+  (*server)->Signal(SIGTERM);
+  auto status = (*server)->Wait(absl::Seconds(10));
+  const absl::Duration took = absl::Now() - signalled;
+  // The server closes the watch (or its exit does); either way it ends.
+  for (absl::Time until = absl::Now() + absl::Seconds(5); !closed && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  watch_ctx.TryCancel();
+  watcher.join();
+
+  ASSERT_TRUE(status.ok()) << "still running 10 s after SIGTERM with a health Watch open: "
+                           << status.status();
+  EXPECT_LT(took, absl::Seconds(3)) << "an idle server took " << took << " to exit";
+  EXPECT_TRUE(WIFEXITED(*status)) << "killed by signal " << WTERMSIG(*status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.front(), HealthCheckResponse::SERVING);
+  EXPECT_EQ(states.back(), HealthCheckResponse::NOT_SERVING)
+      << "the watch was not told NOT_SERVING before it was closed";
+}
+
+TEST(ShutdownTest, CallsDuringShutdownAreUnavailableNeverCancelled) {
+  // An open Batch stream may finish until the shutdown deadline: the
+  // transition lasts as long as it stays open. Calls started meanwhile, on
+  // connections old and new, must get UNAVAILABLE (retryable).
+  auto server = ServerProcess::Start({"--shutdown_timeout=30s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(10));
+  ASSERT_TRUE(client->Echo(MakeEcho(v1::FLOAT32, {3})).ok());
+
+  auto stub = v1::Compute::NewStub(client->channel());
+  grpc::ClientContext batch_ctx;
+  batch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto batch = stub->Batch(&batch_ctx);
+  {
+    // One item answered: the stream is open on the server.
+    v1::BatchRequest item;
+    item.set_id("before");
+    *item.mutable_transpose() = MakeTranspose(v1::FLOAT32, {2, 3});
+    ASSERT_TRUE(batch->Write(item));
+    v1::BatchResponse answer;
+    ASSERT_TRUE(batch->Read(&answer));
+    ASSERT_EQ(answer.code(), 0) << answer.message();
+  }
+
+  (*server)->Signal(SIGTERM);
+  constexpr int kCallers = 4;
+  std::vector<std::vector<absl::Status>> seen(kCallers);
+  std::vector<std::thread> callers;
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      // Half share the connection of the open stream, half reconnect.
+      std::unique_ptr<Client> own =
+          (*server)->NewClient(absl::Seconds(10), /*own_connection=*/i % 2 == 1);
+      Client& caller = i % 2 == 0 ? *client : *own;
+      while (absl::Now() < until) {
+        seen[i].push_back(caller.Echo(MakeEcho(v1::FLOAT32, {3})).status());
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  batch->WritesDone();
+  v1::BatchResponse answer;
+  while (batch->Read(&answer)) {
+  }
+  const grpc::Status batch_status = batch->Finish();
+  auto status = (*server)->Wait(absl::Seconds(60));
+
+  int calls = 0;
+  int unavailable = 0;
+  for (int i = 0; i < kCallers; ++i) {
+    for (const absl::Status& s : seen[i]) {
+      ++calls;
+      if (s.code() == absl::StatusCode::kUnavailable) ++unavailable;
+      // OK only for a call that beat the signal to the server.
+      EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kUnavailable)
+          << "caller " << i << " (" << (i % 2 == 0 ? "shared" : "own") << " connection): " << s;
+    }
+  }
+  EXPECT_GT(unavailable, calls / 2) << unavailable << " of " << calls << " calls UNAVAILABLE";
+  EXPECT_TRUE(batch_status.ok()) << batch_status.error_code() << " "
+                                 << batch_status.error_message();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status)) << "killed by signal " << WTERMSIG(*status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
 }
 
 TEST(ShutdownTest, SigintWhenIdleExitsZero) {
