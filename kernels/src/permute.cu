@@ -350,12 +350,20 @@ int64_t NumElements(const PermuteArgs& a) {
   return n;
 }
 
-// The batched row copy's parameters (vectors of `*vec_bytes`).
-RowCopyParams MakeRowCopy(const PermuteArgs& a, const Canonical& c, int* vec_bytes) {
+// The widest vector (16, 8, 4 or 2 bytes) that the kept rows' length and both
+// pointers allow.
+int RowVectorBytes(const PermuteArgs& a, const Canonical& c) {
   const size_t es = DTypeSize(a.dtype);
   const int64_t row_bytes = c.shape[c.rank - 1] * int64_t(es);
   int vb = 16;
   while (vb > int(es) && (row_bytes % vb || !Aligned(a.in, vb) || !Aligned(a.out, vb))) vb /= 2;
+  return vb;
+}
+
+// The batched row copy's parameters (vectors of `*vec_bytes`).
+RowCopyParams MakeRowCopy(const PermuteArgs& a, const Canonical& c, int* vec_bytes) {
+  const int vb = RowVectorBytes(a, c);
+  const int64_t row_bytes = c.shape[c.rank - 1] * int64_t(DTypeSize(a.dtype));
   *vec_bytes = vb;
   RowCopyParams p{};
   p.in = a.in;
@@ -384,10 +392,6 @@ void ByVectorType(int vec_bytes, F&& go) {
     case 4: go(uint32_t{}); break;
     default: go(uint16_t{}); break;
   }
-}
-
-int64_t RowBytes(const PermuteArgs& a, const Canonical& c) {
-  return c.shape[c.rank - 1] * int64_t(DTypeSize(a.dtype));
 }
 
 cudaError_t LaunchRowCopy(const PermuteArgs& a, const Canonical& c, bool grouped, cudaStream_t s) {
@@ -548,17 +552,12 @@ std::string PermuteVariantName(const PermuteArgs& args, std::string_view variant
   switch (RouteOf(c)) {
     case Route::kCopy:
       return std::string(kCopyName);
-    case Route::kRowCopy: {
-      int vec_bytes = 16;
-      MakeRowCopy(args, c, &vec_bytes);
-      return std::string(ChooseRowCopy(RowBytes(args, c), vec_bytes, SmCount()));
-    }
+    case Route::kRowCopy:
+      return std::string(ChooseRowCopy(RowVectorBytes(args, c)));
     case Route::kTranspose:
       return TransposeVariantName(AsTranspose(args, c), variant);
-    case Route::kGeneral: {
-      const int r = c.rank;
-      return std::string(ChooseGeneral(c.shape[c.perm[r - 1]], c.shape[r - 1], SmCount()));
-    }
+    case Route::kGeneral:
+      return std::string(ChooseGeneral());
   }
   return {};
 }

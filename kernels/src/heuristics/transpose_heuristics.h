@@ -44,27 +44,19 @@ inline std::string_view ChooseTranspose(const TransposeShape& s, int sm_count) {
   return "coarsened_vec_grouped";
 }
 
-// The route for a permutation that keeps the last axis, whose rows of
-// `row_bytes` move in vectors of `vec_bytes`: "row_copy" (16-byte vectors),
-// else "gather" (element-sized vectors: its one element per thread, with no
-// loop, was faster than the row copy on every such shape of the sweep).
-inline std::string_view ChooseRowCopy(int64_t row_bytes, int vec_bytes, int sm_count) {
-  (void)row_bytes;
-  (void)sm_count;
+// The route for a permutation that keeps the last axis, whose rows move in
+// vectors of `vec_bytes`: "row_copy" (16-byte vectors), else "gather"
+// (narrower vectors: its one element per thread, with no loop, was faster
+// than the row copy on every such shape of the sweep).
+inline std::string_view ChooseRowCopy(int vec_bytes) {
   return vec_bytes >= 16 ? "row_copy" : "gather";
 }
 
 // The route for a permutation that moves the last axis without being a
-// batched 2-D transpose (`out_last` elements along the axis that becomes the
-// output's last, `in_last` along the input's last): "gather". The tiled route
-// was slower on every such shape of the sweep (0.6-0.9x of gather: its tiles
-// read and write 32 rows far apart in memory); it stays as a variant.
-inline std::string_view ChooseGeneral(int64_t out_last, int64_t in_last, int sm_count) {
-  (void)out_last;
-  (void)in_last;
-  (void)sm_count;
-  return "gather";
-}
+// batched 2-D transpose: "gather". The tiled route was slower on every such
+// shape of the sweep (0.6-0.9x of gather: its tiles read and write 32 rows
+// far apart in memory); it stays as a variant.
+inline std::string_view ChooseGeneral() { return "gather"; }
 
 }  // namespace gpucompute::kernels
 
