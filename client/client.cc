@@ -973,29 +973,32 @@ absl::StatusOr<v1::ListTensorsResponse> Client::ListTensors(const CallOptions& c
 }
 
 absl::StatusOr<std::vector<BatchItem>> Client::Batch(const std::vector<v1::BatchRequest>& requests,
-                                                     const CallOptions& call,
-                                                     int max_outstanding) const {
+                                                     const CallOptions& call, int max_outstanding,
+                                                     int streams) const {
   return Batch(
       static_cast<int64_t>(requests.size()),
       [&requests](int64_t i) -> const v1::BatchRequest& { return requests[i]; }, call,
-      max_outstanding);
+      max_outstanding, streams);
 }
 
 absl::StatusOr<std::vector<BatchItem>> Client::Batch(
     int64_t count, const std::function<const v1::BatchRequest&(int64_t)>& request_at,
-    const CallOptions& call, int max_outstanding) const {
-  grpc::ClientContext ctx;
-  Configure(options_, call, ctx);
-  std::unique_ptr<grpc::ClientReaderWriter<v1::BatchRequest, v1::BatchResponse>> stream =
-      stub_->Batch(&ctx);
+    const CallOptions& call, int max_outstanding, int streams) const {
+  if (streams < 1 || streams > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("streams: expected 1 to 64 but got ", streams));
+  }
+  streams = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(streams, count)));
+  // Each stream's share of the window (0: no limit).
+  const int64_t window =
+      max_outstanding <= 0 ? 0 : std::max<int64_t>(1, (max_outstanding + streams - 1) / streams);
 
-  // Shared between the writer thread and the reader (this thread).
+  // Shared by every stream's writer and reader.
   struct State {
     absl::Mutex mu;
     absl::flat_hash_map<std::string, int64_t> index_of ABSL_GUARDED_BY(mu);
     std::vector<absl::Time> sent_at ABSL_GUARDED_BY(mu);
     std::vector<std::string> ids ABSL_GUARDED_BY(mu);
-    int64_t outstanding ABSL_GUARDED_BY(mu) = 0;
+    std::vector<bool> answered ABSL_GUARDED_BY(mu);
     bool stop ABSL_GUARDED_BY(mu) = false;
     absl::Status error ABSL_GUARDED_BY(mu);  // a client-side failure
   } state;
@@ -1003,68 +1006,126 @@ absl::StatusOr<std::vector<BatchItem>> Client::Batch(
     absl::MutexLock lock(&state.mu);
     state.sent_at.assign(count, absl::InfinitePast());
     state.ids.resize(count);
+    state.answered.assign(count, false);
   }
   std::vector<BatchItem> items(count);
-  std::vector<bool> answered(count, false);
+  // Held from request_at(i) until request i is written: the reference it
+  // returns stays valid only until the next call.
+  absl::Mutex write_mu;
 
-  std::thread writer([&] {
-    for (int64_t i = 0; i < count; ++i) {
-      const v1::BatchRequest& request = request_at(i);
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<v1::Compute::Stub> stub;  // for streams past the first
+    std::unique_ptr<grpc::ClientReaderWriter<v1::BatchRequest, v1::BatchResponse>> rw;
+    int64_t outstanding = 0;  // under state.mu
+  };
+  std::vector<std::unique_ptr<Stream>> all(streams);
+  for (int s = 0; s < streams; ++s) {
+    all[s] = std::make_unique<Stream>();
+    Stream& st = *all[s];
+    Configure(options_, call, st.ctx);
+    v1::Compute::Stub* stub = stub_.get();
+    if (s > 0) {
+      st.stub = v1::Compute::NewStub(
+          std::shared_ptr<grpc::ChannelInterface>(std::shared_ptr<void>(), TransferChannel(s - 1)));
+      stub = st.stub.get();
+    }
+    st.rw = stub->Batch(&st.ctx);
+  }
+  auto cancel_all = [&] {
+    for (auto& st : all) st->ctx.TryCancel();
+  };
+
+  // Stream s writes requests s, s + streams, s + 2 streams, ...
+  auto write = [&](int s) {
+    Stream& st = *all[s];
+    for (int64_t i = s; i < count; i += streams) {
+      const bool last = i + streams >= count;
       {
         absl::MutexLock lock(&state.mu);
         auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
-          return state.stop || max_outstanding <= 0 || state.outstanding < max_outstanding;
+          return state.stop || window == 0 || st.outstanding < window;
         };
         state.mu.Await(absl::Condition(&room));
+        if (state.stop) return;
+      }
+      absl::MutexLock write_lock(&write_mu);
+      const v1::BatchRequest& request = request_at(i);
+      bool more = false;
+      {
+        absl::MutexLock lock(&state.mu);
         if (state.stop) return;
         if (!state.index_of.emplace(request.id(), i).second) {
           state.error = absl::InvalidArgumentError(
               absl::StrCat("requests[", i, "].id: \"", request.id(), "\" is used twice"));
           state.stop = true;
-          ctx.TryCancel();
+          cancel_all();
           return;
         }
-        ++state.outstanding;
+        ++st.outstanding;
         state.sent_at[i] = absl::Now();
         state.ids[i] = request.id();
+        // This stream's next request follows at once (there is room for it):
+        // gRPC may hold this one back to send them together. The last one
+        // before a wait for room is written without the hint, and flushes.
+        more = !last && (window == 0 || st.outstanding < window);
       }
-      if (!stream->Write(request)) return;  // the stream broke; Finish says why
+      grpc::WriteOptions options;
+      if (more) options.set_buffer_hint();
+      if (!st.rw->Write(request, options)) return;  // the stream broke; Finish says why
     }
-    stream->WritesDone();
-  });
+    st.rw->WritesDone();
+  };
+  auto read = [&](int s) {
+    Stream& st = *all[s];
+    v1::BatchResponse response;
+    while (st.rw->Read(&response)) {
+      absl::Time now = absl::Now();
+      absl::MutexLock lock(&state.mu);
+      auto it = state.index_of.find(response.id());
+      if (it == state.index_of.end() || state.answered[it->second]) {
+        state.error = absl::InternalError(absl::StrCat(
+            "batch: the server answered ", it == state.index_of.end() ? "unknown" : "repeated",
+            " id \"", response.id(), "\""));
+        state.stop = true;
+        cancel_all();
+        break;
+      }
+      int64_t i = it->second;
+      state.answered[i] = true;
+      items[i].latency_seconds = absl::ToDoubleSeconds(now - state.sent_at[i]);
+      items[i].response = std::move(response);
+      response.Clear();
+      --st.outstanding;
+    }
+  };
 
-  v1::BatchResponse response;
-  while (stream->Read(&response)) {
-    absl::Time now = absl::Now();
-    absl::MutexLock lock(&state.mu);
-    auto it = state.index_of.find(response.id());
-    if (it == state.index_of.end() || answered[it->second]) {
-      state.error = absl::InternalError(absl::StrCat(
-          "batch: the server answered ", it == state.index_of.end() ? "unknown" : "repeated",
-          " id \"", response.id(), "\""));
-      state.stop = true;
-      ctx.TryCancel();
-      break;
-    }
-    int64_t i = it->second;
-    answered[i] = true;
-    items[i].latency_seconds = absl::ToDoubleSeconds(now - state.sent_at[i]);
-    items[i].response = std::move(response);
-    response.Clear();
-    --state.outstanding;
+  // Per stream a writer thread and a reader (this thread reads stream 0).
+  std::vector<std::thread> writers, readers;
+  for (int s = 0; s < streams; ++s) {
+    writers.emplace_back(write, s);
+    if (s > 0) readers.emplace_back(read, s);
   }
+  read(0);
+  for (std::thread& t : readers) t.join();
+  // A writer still waiting for room on a stream that has ended would wait
+  // forever: every reader is done, so stop them.
   {
     absl::MutexLock lock(&state.mu);
     state.stop = true;
   }
-  writer.join();
-  grpc::Status status = stream->Finish();
+  for (std::thread& t : writers) t.join();
+  grpc::Status status;
+  for (auto& st : all) {
+    grpc::Status s = st->rw->Finish();
+    if (status.ok() && !s.ok()) status = s;
+  }
 
   absl::MutexLock lock(&state.mu);
   if (!state.error.ok()) return state.error;
   if (!status.ok()) return FromGrpc(status);
   for (int64_t i = 0; i < count; ++i) {
-    if (!answered[i]) {
+    if (!state.answered[i]) {
       return absl::InternalError(
           absl::StrCat("batch: request ", i, " (id \"", state.ids[i], "\") was not answered"));
     }

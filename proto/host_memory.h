@@ -20,15 +20,20 @@
 
 namespace gpucompute {
 
-// Serves every allocation from one heap that keeps up to `retain_bytes` of
-// freed memory for reuse (glibc: one arena, no mmap for large blocks, the
-// trim threshold at `retain_bytes`), so that messages reuse memory already
-// mapped. The price: the process keeps up to `retain_bytes` it no longer
-// uses. Call first thing in main, before threads start. `retain_bytes` == 0
-// leaves the allocator as it is. Errors: INVALID_ARGUMENT when
-// `retain_bytes` is negative or over 2^31 - 1, INTERNAL when the allocator
-// refuses a setting (a sanitizer's does: it is then used as it is).
-absl::Status KeepFreedHostMemory(int64_t retain_bytes);
+// Serves every allocation from `arenas` heaps (glibc arenas; a block larger
+// than a further arena's 64 MiB heap always comes from the first) and keeps
+// up to `retain_bytes` of freed memory for reuse (no mmap for large blocks,
+// the trim threshold at `retain_bytes`), so that messages reuse memory
+// already mapped. The price: the process keeps up to `retain_bytes` it no
+// longer uses. One arena keeps every block in one pool, but all threads take
+// its lock for every allocation; more arenas spread small allocations over
+// locks, but a further arena's heap is unmapped when it empties, so blocks of
+// a few MiB there page-fault in again. Call first thing in main, before
+// threads start. `retain_bytes` == 0 leaves the allocator as it is. Errors:
+// INVALID_ARGUMENT when `retain_bytes` is negative or over 2^31 - 1 or
+// `arenas` < 1, INTERNAL when the allocator refuses a setting (a sanitizer's
+// does: it is then used as it is).
+absl::Status KeepFreedHostMemory(int64_t retain_bytes, int arenas = 1);
 
 }  // namespace gpucompute
 

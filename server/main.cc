@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpc/grpc.h"
 #include "proto/host_memory.h"
@@ -67,6 +68,10 @@ ABSL_FLAG(int64_t, pinned_staging_bytes, kDefaults.pinned_staging_bytes,
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "freed host memory the allocator keeps for reuse, so that large messages do not "
           "page-fault their buffers in again (one heap, no mmap); 0 = the C library's defaults");
+ABSL_FLAG(int, host_memory_arenas, 1,
+          "with --retain_host_memory_bytes: heaps the allocator spreads threads over; 1 keeps "
+          "every freed block for reuse by any thread (best for large messages), more lets many "
+          "threads allocate at once (small requests at high rates)");
 ABSL_FLAG(int, worker_threads, kDefaults.worker_threads,
           "threads running operations; 0 = twice the hardware threads (at least 4)");
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
@@ -178,12 +183,17 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("unexpected argument \"", positional[1], "\" (flags only)")));
   }
+  // Debian's abseil is built with mutex deadlock detection on, which records
+  // every lock in one process-wide graph under a global lock: a fifth of the
+  // server's CPU time for a stream of small items, and a point where every
+  // thread queues. Off, as in release builds of abseil.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Before any thread of ours (or gRPC's) allocates.
-  if (absl::Status status =
-          gpucompute::KeepFreedHostMemory(absl::GetFlag(FLAGS_retain_host_memory_bytes));
+  if (absl::Status status = gpucompute::KeepFreedHostMemory(
+          absl::GetFlag(FLAGS_retain_host_memory_bytes), absl::GetFlag(FLAGS_host_memory_arenas));
       absl::IsInvalidArgument(status)) {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat("--retain_host_memory_bytes: ", status.message())));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--retain_host_memory_bytes, --host_memory_arenas: ", status.message())));
   } else if (!status.ok()) {
     std::fprintf(stderr, "gpucompute-server: %s; going on with the allocator as it is\n",
                  status.ToString().c_str());

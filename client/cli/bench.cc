@@ -140,7 +140,8 @@ Stats RunUnary(const std::string& label, int64_t n, int concurrency, const CallF
   return stats;
 }
 
-// `n` requests over one Batch stream with up to `concurrency` outstanding.
+// `n` requests over --streams Batch streams (each on a connection of its
+// own) with up to `concurrency` outstanding in all.
 // The handles of the results the requests kept go to `kept`.
 Stats RunBatch(const Client& client, v1::BatchRequest request, int64_t n, int concurrency,
                std::vector<std::string>& kept) {
@@ -156,7 +157,7 @@ Stats RunBatch(const Client& client, v1::BatchRequest request, int64_t n, int co
         progress.Add();
         return request;
       },
-      call, concurrency);
+      call, concurrency, client.options().streams);
   stats.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (!items.ok()) {
     stats.errors = n;

@@ -40,8 +40,8 @@ ABSL_FLAG(std::string, session, "",
           "Owner of the resident tensors this command makes and sees (the "
           "gpucompute-session metadata); empty: the anonymous owner.");
 ABSL_FLAG(int, streams, gpucompute::ClientOptions().streams,
-          "Parallel streams, each on a connection of its own, of an upload or download of "
-          "64 MiB or more.");
+          "Parallel streams, each on a connection of its own: of an upload or download of "
+          "64 MiB or more, and the Batch streams of bench --mode=batch.");
 ABSL_FLAG(int64_t, offload_min_bytes, gpucompute::ClientOptions().offload_min_bytes,
           "An operation whose inline operands reach this many bytes goes through resident "
           "tensors over parallel streams (uploaded, run, downloaded, freed); 0: always one "

@@ -7,12 +7,17 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "client/cli/cli.h"
 #include "proto/host_memory.h"
 
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "Freed memory the allocator keeps for reuse, so that large tensors do not "
           "page-fault their buffers in again; 0 = the C library's defaults.");
+ABSL_FLAG(int, host_memory_arenas, 1,
+          "with --retain_host_memory_bytes: heaps the allocator spreads threads over; 1 keeps "
+          "every freed block for reuse by any thread (best for large messages), more lets many "
+          "threads allocate at once (small requests at high rates)");
 
 namespace {
 
@@ -63,11 +68,16 @@ Every flag: gpucompute --helpfull)";
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  // Debian's abseil is built with mutex deadlock detection on, which records
+  // every lock in one process-wide graph under a global lock: a fifth of the
+  // server's CPU time for a stream of small items, and a point where every
+  // thread queues. Off, as in release builds of abseil.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // Large tensors reuse freed memory instead of page-faulting new buffers in
   // (server/common/host_memory.h). An allocator that refuses the setting (a
   // sanitizer's) is used as it is: the output stays the command's own.
-  if (absl::Status status =
-          gpucompute::KeepFreedHostMemory(absl::GetFlag(FLAGS_retain_host_memory_bytes));
+  if (absl::Status status = gpucompute::KeepFreedHostMemory(
+          absl::GetFlag(FLAGS_retain_host_memory_bytes), absl::GetFlag(FLAGS_host_memory_arenas));
       absl::IsInvalidArgument(status)) {
     std::cerr << "gpucompute: --retain_host_memory_bytes: " << status.message() << "\n";
     return gpucompute::cli::kExitUsage;

@@ -15,7 +15,8 @@
 #      all: 1000 GEMMs 2048^3 bf16, and causal attention 4x32/8x2048^2x128;
 #   7. server RSS over 1000 consecutive uploads and downloads of 256 MiB.
 # Logs and data-path.json go to $OUT; a table is printed last. SKIP_BATCH=1
-# and SKIP_RSS=1 leave out parts 6 and 7.
+# and SKIP_RSS=1 leave out parts 6 and 7; ONLY_BATCH=1 leaves out parts 1-5.
+# SERVER_ARGS and CLI_ARGS are added to every server's and command's flags.
 set -u
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpucompute-data-path}
@@ -35,7 +36,7 @@ start_server() {  # name, args...
   local name=$1
   shift
   "$server" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --ready_file="$work/$name.json" \
-    --max_message_bytes=2000000000 --max_inflight_bytes=0 "$@" >"$OUT/server-$name.log" 2>&1 &
+    --max_message_bytes=2000000000 --max_inflight_bytes=0 ${SERVER_ARGS:-} "$@" >"$OUT/server-$name.log" 2>&1 &
   echo $! >"$work/$name.pid"
   for _ in $(seq 1 600); do [ -s "$work/$name.json" ] && return; sleep 0.1; done
 }
@@ -47,7 +48,8 @@ scrape() {  # name -> metrics text on stdout
 cli_on() {  # name, label, cli args... (output in $work/label.txt)
   local name=$1 label=$2
   shift 2
-  "$cli" --server=127.0.0.1:$(port "$name") --timeout=600s --max_message_bytes=2000000000 "$@" \
+  "$cli" --server=127.0.0.1:$(port "$name") --timeout=600s --max_message_bytes=2000000000 \
+    ${CLI_ARGS:-} "$@" \
     >"$work/$label.txt" 2>&1
   local rc=$?
   { echo "== $label rc=$rc: $*"; cat "$work/$label.txt"; } >>"$OUT/cli.log"
@@ -79,6 +81,7 @@ PY
 start_server one --backend=cuda --devices=0
 start_server all --backend=cuda
 
+if [ "${ONLY_BATCH:-0}" != 1 ]; then
 # 1-3. GEMM latency on one GPU.
 cli_on one gemm8k_resident bench gemm --m=8192 --n=8192 --k=8192 --dtype=bfloat16 --resident \
   --requests=30 --warmup=3 --concurrency=1
@@ -138,18 +141,93 @@ for s in 1 8; do
   cli_on one down_$s bench download --bytes=1073741824 --requests=5 --warmup=1 --streams=$s
   record "download_1GiB_${s}_streams_GBps" "$(gbs_of down_$s)"
 done
+fi
 
-# 6. Batch jobs on resident operands: one GPU, then all.
+# 6. Batch jobs on resident operands: one GPU, then all, over one Batch
+# stream and over four (each on a connection of its own). Each job runs three
+# times and the median rate is recorded. Per job: each device's shards and
+# mean kernel time (CUDA events: a kernel queued behind another lane's counts
+# its wait), the server's CPU cores in use, and the client's. A job of 64^3
+# GEMMs, and one of 8^3 GEMMs on the CPU backend, measure what the streams
+# carry with (almost) no device work.
+cpu_of() { awk '{print $14 + $15}' "/proc/$(cat "$work/$1.pid")/stat"; }  # ticks
+batch_job() {  # server name, label, cli args...
+  local name=$1 label=$2
+  shift 2
+  local rates=() r
+  scrape "$name" >"$work/b0.txt"
+  local cpu0 t0 t1
+  cpu0=$(cpu_of "$name")
+  t0=$(date +%s.%N)
+  for rep in 1 2 3; do
+    TIMEFORMAT='%R %U %S'
+    { time cli_on "$name" "${label}_$rep" bench "$@" --resident --mode=batch; } 2>>"$work/$label.time"
+    rates+=("$(rps_of "${label}_$rep")")
+  done
+  t1=$(date +%s.%N)
+  scrape "$name" >"$work/b1.txt"
+  r=$(printf '%s\n' "${rates[@]}" | sort -g | sed -n 2p)
+  record "${label}_req_per_s" "$r"
+  record "${label}_req_per_s_runs" "$(echo "${rates[@]}" | tr ' ' ,)"
+  python3 - "$work/b0.txt" "$work/b1.txt" "$t0" "$t1" "$(cpu_of "$name")" "$cpu0" \
+    "$(getconf CLK_TCK)" "$work/$label.time" "$label" <<'PY' | while read -r k v; do record "$k" "$v"; done
+import re, sys
+a_path, b_path, t0, t1, c1, c0, tck, times, label = sys.argv[1:10]
+def read(path):
+    t = {}
+    for line in open(path):
+        m = re.match(r'gpucompute_kernel_duration_seconds_(sum|count)\{([^}]*)\} (\S+)', line)
+        if m:
+            d = re.search(r'device="(\d+)"', m.group(2)).group(1)
+            t[(d, m.group(1))] = t.get((d, m.group(1)), 0.0) + float(m.group(3))
+    return t
+a, b = read(a_path), read(b_path)
+wall = float(t1) - float(t0)
+shards = 0
+for d in sorted({k[0] for k in b}):
+    s = b.get((d, 'sum'), 0) - a.get((d, 'sum'), 0)
+    c = b.get((d, 'count'), 0) - a.get((d, 'count'), 0)
+    shards += c
+    if c:
+        print(f"{label}_device{d}_shards {c:.0f}")
+        print(f"{label}_device{d}_kernel_mean_us {s / c * 1e6:.1f}")
+        print(f"{label}_device{d}_kernel_busy_pct {100 * s / wall:.1f}")
+rows = [l.split() for l in open(times) if len(l.split()) == 3]
+real = sum(float(r[0]) for r in rows)
+cpu = sum(float(r[1]) + float(r[2]) for r in rows)
+print(f"{label}_server_cpu_cores {(float(c1) - float(c0)) / float(tck) / wall:.2f}")
+print(f"{label}_client_cpu_cores {cpu / real:.2f}")
+PY
+}
+if [ "${SKIP_BATCH:-0}" != 1 ]; then
+  # One 2048^3 GEMM alone on a GPU: the device time a batch item costs (the
+  # shard timing's kernel milliseconds of the last of 20 calls).
+  cli_on one gemm2048_alone gemm --m=2048 --n=2048 --k=2048 --dtype=bfloat16 --resident --repeat=20
+  record "gemm2048_bf16_alone_shard" "$(grep -E '^ *0 ' "$work/gemm2048_alone.txt" | tr -s ' ' | head -1)"
+fi
 for name in $([ "${SKIP_BATCH:-0}" = 1 ] || echo one all); do
-  cli_on $name batch_gemm_$name bench gemm --m=2048 --n=2048 --k=2048 --dtype=bfloat16 \
-    --resident --mode=batch --requests=1000 --warmup=20 --concurrency=16
-  record "batch_gemm2048_bf16_${name}_req_per_s" "$(rps_of batch_gemm_$name)"
-  cli_on $name batch_attn_$name bench attention --batch=4 --heads_q=32 --heads_kv=8 \
-    --seq_q=2048 --seq_kv=2048 --head_dim=128 --causal --dtype=bfloat16 --resident \
-    --mode=batch --requests=200 --warmup=10 --concurrency=16
-  record "batch_attention_${name}_req_per_s" "$(rps_of batch_attn_$name)"
+  for st in 1 4; do
+    batch_job $name batch_gemm2048_bf16_s${st}_$name gemm --m=2048 --n=2048 --k=2048 \
+      --dtype=bfloat16 --requests=1000 --warmup=20 --concurrency=64 --streams=$st
+  done
+  batch_job $name batch_gemm2048_bf16_s4_5k_$name gemm --m=2048 --n=2048 --k=2048 \
+    --dtype=bfloat16 --requests=5000 --warmup=20 --concurrency=64 --streams=4
+  batch_job $name batch_attention_s1_$name attention --batch=4 --heads_q=32 --heads_kv=8 \
+    --seq_q=2048 --seq_kv=2048 --head_dim=128 --causal --dtype=bfloat16 \
+    --requests=200 --warmup=10 --concurrency=16 --streams=1
+  batch_job $name batch_gemm64_s4_$name gemm --m=64 --n=64 --k=64 --dtype=float32 \
+    --requests=20000 --warmup=20 --concurrency=64 --streams=4
 done
-[ "${SKIP_BATCH:-0}" = 1 ] || scrape all >"$OUT/metrics-all.txt"
+if [ "${SKIP_BATCH:-0}" != 1 ]; then
+  # What Batch streams carry on this host with no device work at all: the
+  # CPU backend, 8^3 GEMMs, over one stream and over four.
+  start_server cpu --backend=cpu --cpu_devices=1
+  for st in 1 4; do
+    batch_job cpu batch_gemm8_cpu_s$st gemm --m=8 --n=8 --k=8 --dtype=float32 \
+      --requests=20000 --warmup=20 --concurrency=64 --streams=$st
+  done
+  scrape all >"$OUT/metrics-all.txt"
+fi
 
 # 7. RSS over 1000 uploads and 1000 downloads of 256 MiB (sampled every
 # 0.5 s; the first 10% of each loop is warm-up).

@@ -183,19 +183,28 @@ ShardPlan PlaceByCost(
     }
     return candidates[a].weight > candidates[b].weight;
   });
+  // Every candidate holds work already: the devices' time is contended, and
+  // what a split adds to it (a fixed cost per shard, operands every shard
+  // reads) delays the operations queued behind it.
+  const bool loaded = std::all_of(candidates.begin(), candidates.end(),
+                                  [](const CostedDevice& c) { return c.busy_seconds > 0; });
   std::vector<std::vector<int>> chosen_for;
   std::vector<ShardPlan> plans;
   std::vector<double> seconds;
+  double one_device_seconds = 0;  // the k = 1 plan's device time
   for (int k = 1; k <= n; ++k) {
     std::vector<int> chosen(rank.begin(), rank.begin() + k);
     std::sort(chosen.begin(), chosen.end());
     ShardPlan plan = plan_over(chosen);
-    double slowest = 0;
+    double slowest = 0, device_seconds = 0;
     for (const Shard& shard : plan.shards) {
       const CostedDevice& device = candidates[chosen[shard.device]];
-      slowest = std::max(slowest,
-                         device.busy_seconds + ShardSeconds(device.cost, shard_work(plan, shard)));
+      const double own = ShardSeconds(device.cost, shard_work(plan, shard));
+      slowest = std::max(slowest, device.busy_seconds + own);
+      device_seconds += own;
     }
+    if (k == 1) one_device_seconds = device_seconds;
+    if (loaded) slowest += std::max(0.0, device_seconds - one_device_seconds);
     chosen_for.push_back(std::move(chosen));
     plans.push_back(std::move(plan));
     seconds.push_back(slowest);

@@ -82,7 +82,11 @@ struct CostedDevice {
 // ShardSeconds of `shard_work(plan, shard)` there). The result is the
 // smallest k whose estimate is within kCostTolerance of the best k's; weights
 // alone still divide the work among the chosen. So concurrent small
-// operations spread over the devices instead of queueing on one. When no
+// operations spread over the devices instead of queueing on one. When every
+// candidate is busy, a plan's estimate also counts the device time it adds
+// over the k = 1 plan (the extra shards' fixed costs and shared operands):
+// under load a split must save more than it takes from the work queued
+// behind it, so a stream of operations runs each on one device. When no
 // candidate has a fixed cost, splitting costs nothing and every candidate is
 // chosen without estimating. REQUIRES: candidates non-empty, every weight > 0.
 ShardPlan PlaceByCost(

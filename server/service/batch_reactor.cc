@@ -87,6 +87,7 @@ class ComputeService::BatchReactor final
       }
       if (!writes_.empty()) {
         a.write = writes_.front().response.get();
+        a.more = writes_.size() > 1;
       } else {
         writing_ = false;
       }
@@ -121,6 +122,9 @@ class ComputeService::BatchReactor final
   struct Actions {
     bool read = false;
     v1::BatchResponse* write = nullptr;
+    // More answers are queued behind `write`: gRPC may hold it back to send
+    // with them (the last of a run is written without the hint, and flushes).
+    bool more = false;
     bool finish = false;
   };
 
@@ -142,7 +146,10 @@ class ComputeService::BatchReactor final
   // REQUIRES: mu_ not held. Finish comes last: `this` may be deleted after.
   void Act(const Actions& actions) {
     if (actions.read) StartRead(&request_);
-    if (actions.write != nullptr) StartWrite(actions.write);
+    if (actions.write != nullptr) {
+      StartWrite(actions.write,
+                 actions.more ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions());
+    }
     if (actions.finish) {
       Finish(final_code_ == absl::StatusCode::kOk
                  ? grpc::Status::OK

@@ -155,6 +155,46 @@ TEST_F(BatchTest, ManyItemsWithABoundedWindow) {
   }
 }
 
+TEST_F(BatchTest, SeveralStreamsAnswerEveryItemInRequestOrder) {
+  // 301 items of different shapes over 3 streams (one on the client's
+  // connection, two on connections of their own), at most 10 outstanding in
+  // all; one message reused for all.
+  v1::BatchRequest request;
+  const int64_t count = 301;
+  auto shape = [](int64_t i) { return std::vector<int64_t>{1 + i % 5, 3 + i % 7}; };
+  auto items = client_->Batch(
+      count,
+      [&](int64_t i) -> const v1::BatchRequest& {
+        *request.mutable_reduce() = MakeReduce(v1::FLOAT32, shape(i), v1::SUM, 1);
+        request.set_id(absl::StrCat("item-", i));
+        return request;
+      },
+      {}, 10, 3);
+  ASSERT_TRUE(items.ok()) << items.status();
+  ASSERT_EQ(items->size(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    const v1::BatchResponse& response = (*items)[i].response;
+    EXPECT_EQ(response.id(), absl::StrCat("item-", i));
+    ASSERT_EQ(response.code(), 0) << response.message();
+    const std::vector<int64_t> out = {shape(i)[0]};
+    EXPECT_EQ(ShapeOf(response.reduce().output()), out);
+  }
+  // A repeated id is caught across streams too; a stream count outside
+  // [1, 64] is refused.
+  std::vector<v1::BatchRequest> repeated(4);
+  for (v1::BatchRequest& r : repeated) {
+    *r.mutable_reduce() = MakeReduce(v1::FLOAT32, {7}, v1::SUM);
+    r.set_id(&r == &repeated[3] ? "0" : absl::StrCat(&r - repeated.data()));
+  }
+  EXPECT_EQ(client_->Batch(repeated, {}, 0, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Batch(repeated, {}, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  // More streams than items: every item still answered.
+  repeated[3].set_id("3");
+  auto few = client_->Batch(repeated, {}, 0, 8);
+  ASSERT_TRUE(few.ok()) << few.status();
+  for (const BatchItem& item : *few) EXPECT_EQ(item.response.code(), 0);
+}
+
 TEST_F(BatchTest, EmptyStream) {
   auto items = client_->Batch(std::vector<v1::BatchRequest>{});
   ASSERT_TRUE(items.ok()) << items.status();

@@ -299,6 +299,11 @@ TEST(ValidationTest, RefusedAtTheAdmissionDeadlineIsResourceExhausted) {
         << status;
   }
   hold.join();
+  if (refused == 0 && DevicesOverridden()) {
+    GTEST_SKIP() << "the devices of GPUCOMPUTE_TEST_SERVER_ARGS ran each big GEMM in less than "
+                    "the small one's deadline: nothing to wait for ("
+                 << calls << " calls)";
+  }
   EXPECT_GT(refused, 0) << "the small GEMM never waited for a big one (" << calls << " calls)";
   // Almost all: on a machine whose cores the big GEMMs keep busy, an answer
   // can still come late now and then (before the server stopped waiting

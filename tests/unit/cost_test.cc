@@ -298,6 +298,31 @@ TEST(PlaceByCost, SmallestCountWithinToleranceAndWeightsDivideIt) {
   EXPECT_EQ(p.shards, (std::vector<Shard>{{7, {0, 600}}, {9, {600, 1000}}}));
 }
 
+TEST(PlaceByCost, UnderLoadASplitMustSaveMoreThanItAdds) {
+  // Operands resident on device 0 and the result kept: no host bytes. Idle,
+  // a 2048^3 GEMM is estimated faster in two halves.
+  auto resident = [](GemmSpec s) {
+    s.a.device = s.b.device = 0;
+    s.options.keep_output = true;
+    return s;
+  };
+  const GemmSpec mid = resident(Gemm(2048, 2048, 2048));
+  std::vector<CostedDevice> gpus = Gpus({1, 1});
+  EXPECT_EQ(Devices(PlaceGemm(mid, gpus)), (std::vector<int>{0, 1}));
+  // Both devices busy (a stream of such requests): the second shard's fixed
+  // cost is more than the half of the kernel it saves, so it runs whole, on
+  // the less busy device.
+  gpus[0].busy_seconds = 400e-6;
+  gpus[1].busy_seconds = 300e-6;
+  EXPECT_EQ(Devices(PlaceGemm(mid, gpus)), (std::vector<int>{1}));
+  // One idle device takes it whole.
+  gpus[0].busy_seconds = 0;
+  EXPECT_EQ(Devices(PlaceGemm(mid, gpus)), (std::vector<int>{0}));
+  // A split that saves milliseconds is still taken under the same load.
+  gpus[0].busy_seconds = 400e-6;
+  EXPECT_EQ(Devices(PlaceGemm(resident(Gemm(8192, 8192, 8192)), gpus)), (std::vector<int>{0, 1}));
+}
+
 TEST(PlaceByCost, OneCandidateIsTheAnswer) {
   const ShardPlan p = PlaceGemm(Gemm(16384, 16384, 16384), Gpus({1}));
   EXPECT_EQ(Devices(p), (std::vector<int>{0}));

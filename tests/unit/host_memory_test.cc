@@ -15,6 +15,7 @@ namespace {
 TEST(HostMemoryTest, RefusesRetainedBytesOutOfRange) {
   EXPECT_TRUE(absl::IsInvalidArgument(KeepFreedHostMemory(-1)));
   EXPECT_TRUE(absl::IsInvalidArgument(KeepFreedHostMemory(int64_t{1} << 31)));
+  EXPECT_TRUE(absl::IsInvalidArgument(KeepFreedHostMemory(1 << 20, 0)));
 }
 
 TEST(HostMemoryTest, LargeBlocksComeFromTheHeapAndStayForReuse) {

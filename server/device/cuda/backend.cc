@@ -137,7 +137,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
       cudaError_t err = cudaDeviceEnablePeerAccess(devices[j]->ordinal(), 0);
       if (err == cudaErrorPeerAccessAlreadyEnabled) err = cudaSuccess;
       cudaGetLastError();
-      if (err == cudaSuccess) peers.push_back(int(j));
+      if (err != cudaSuccess) continue;
+      // Device i reads and writes j's pool allocations in place and copies
+      // to and from them: its results kept on j, j's resident operands.
+      RETURN_IF_ERROR(devices[j]->GrantPoolAccess(devices[i]->ordinal()));
+      peers.push_back(int(j));
     }
     devices[i]->set_peers(std::move(peers));
   }

@@ -161,6 +161,15 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal, int 
   return d;
 }
 
+absl::Status CudaDevice::GrantPoolAccess(int peer) {
+  cudaMemAccessDesc access{};
+  access.location.type = cudaMemLocationTypeDevice;
+  access.location.id = peer;
+  access.flags = cudaMemAccessFlagsProtReadWrite;
+  return CudaStatus(cudaMemPoolSetAccess(pool_, &access, 1),
+                    absl::StrCat("memory pool access for device ", peer));
+}
+
 CudaDevice::~CudaDevice() {
   DeviceGuard guard(ordinal_);
   lanes_.clear();

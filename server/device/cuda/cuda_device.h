@@ -91,6 +91,12 @@ class CudaDevice : public Device {
 
   int ordinal() const { return ordinal_; }
   void set_peers(std::vector<int> peers) { description_.peers = std::move(peers); }
+  // Lets the GPU of ordinal `peer` read and write the allocations of this
+  // device's memory pool (resident tensors, scratch), present and future:
+  // peer access enabled with cudaDeviceEnablePeerAccess does not reach
+  // stream-ordered allocations. REQUIRES: peer access from `peer` to this
+  // device is possible.
+  absl::Status GrantPoolAccess(int peer);
   void set_weight(double weight) { description_.weight = weight; }
   // Rates measured on this device for Cost(): bf16 GEMM FLOP/s and device
   // memory bytes/s (read + written). Like set_weight, only before the device
