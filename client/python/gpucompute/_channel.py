@@ -101,6 +101,15 @@ class Settings:
         if self.keepalive_seconds < 0:
             raise invalid("keepalive_seconds", "negative")
 
+    def balanced(self) -> bool:
+        """Whether calls are spread over several servers (round_robin): then a resident tensor
+        made by one call may not be on the server of the next, so transfers use one stream and
+        operations are not offloaded (as the C++ client)."""
+        if self.lb_policy == "round_robin":
+            return True
+        return any(name == "grpc.lb_policy_name" and value == "round_robin"
+                   for name, value in self.channel_options)
+
     def channel_args(self, connection: Optional[int] = None) -> List[Tuple[str, Any]]:
         """Channel arguments; `connection` i: transfer channel i, on a connection of its own."""
         limit = min(self.max_message_bytes, 2**31 - 1)
@@ -163,14 +172,17 @@ class Settings:
         return None if math.isinf(timeout) else float(timeout)
 
     def transfer(self, streams: Optional[int], chunk_bytes: Optional[int]) -> Tuple[int, int]:
-        """The streams and chunk size of one transfer: the overrides or the client's, the chunk
-        cut down to fit in a message."""
+        """The streams and chunk size of one transfer: the overrides or the client's (one
+        stream over several servers: the parts of one tensor must reach the same one), the
+        chunk cut down to fit in a message."""
         s = streams if streams else self.streams
         c = chunk_bytes if chunk_bytes else self.chunk_bytes
         if not 1 <= s <= MAX_STREAMS:
             raise invalid("streams", f"{s} is not in [1, {MAX_STREAMS}]")
         if c < 1:
             raise invalid("chunk_bytes", "must be positive")
+        if self.balanced():
+            s = 1
         return s, min(c, max(1, self.max_message_bytes - MESSAGE_OVERHEAD))
 
 
