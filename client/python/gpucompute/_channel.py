@@ -66,6 +66,7 @@ class Settings:
     streams: int = 4
     chunk_bytes: int = 4 << 20
     parallel_min_bytes: int = 64 << 20
+    offload_min_bytes: int = 64 << 20
     keepalive_seconds: float = 300.0
     retries: bool = True
     bfloat16: str = "auto"
