@@ -27,7 +27,9 @@ class Operations:
     keep_output (keep the result on the server: the value is then a Resident instead of an
     array). Arrays come back as numpy arrays over the received message (read-only, no copy;
     np.array(x) for a writable copy); bfloat16 results as ml_dtypes.bfloat16 when installed
-    (the client's bfloat16 setting), else as their uint16 bits.
+    (the client's bfloat16 setting), else as their uint16 bits. A call whose inline operands
+    reach the client's offload_min_bytes goes through resident tensors over parallel
+    streams, with the same value and errors (see Client).
     """
 
     def _run(self, request: ops.Request, timeout: Optional[float], wait_for_ready: bool,

@@ -66,6 +66,7 @@ class Settings:
     streams: int = 4
     chunk_bytes: int = 4 << 20
     parallel_min_bytes: int = 64 << 20
+    offload_min_bytes: int = 64 << 20
     keepalive_seconds: float = 300.0
     retries: bool = True
     bfloat16: str = "auto"
@@ -100,6 +101,15 @@ class Settings:
             raise invalid("bfloat16", f"{self.bfloat16!r} is not auto, bits or ml_dtypes")
         if self.keepalive_seconds < 0:
             raise invalid("keepalive_seconds", "negative")
+
+    def balanced(self) -> bool:
+        """Whether calls are spread over several servers (round_robin): then a resident tensor
+        made by one call may not be on the server of the next, so transfers use one stream and
+        operations are not offloaded (as the C++ client)."""
+        if self.lb_policy == "round_robin":
+            return True
+        return any(name == "grpc.lb_policy_name" and value == "round_robin"
+                   for name, value in self.channel_options)
 
     def channel_args(self, connection: Optional[int] = None) -> List[Tuple[str, Any]]:
         """Channel arguments; `connection` i: transfer channel i, on a connection of its own."""
@@ -163,14 +173,17 @@ class Settings:
         return None if math.isinf(timeout) else float(timeout)
 
     def transfer(self, streams: Optional[int], chunk_bytes: Optional[int]) -> Tuple[int, int]:
-        """The streams and chunk size of one transfer: the overrides or the client's, the chunk
-        cut down to fit in a message."""
+        """The streams and chunk size of one transfer: the overrides or the client's (one
+        stream over several servers: the parts of one tensor must reach the same one), the
+        chunk cut down to fit in a message."""
         s = streams if streams else self.streams
         c = chunk_bytes if chunk_bytes else self.chunk_bytes
         if not 1 <= s <= MAX_STREAMS:
             raise invalid("streams", f"{s} is not in [1, {MAX_STREAMS}]")
         if c < 1:
             raise invalid("chunk_bytes", "must be positive")
+        if self.balanced():
+            s = 1
         return s, min(c, max(1, self.max_message_bytes - MESSAGE_OVERHEAD))
 
 

@@ -16,17 +16,17 @@ A client belongs to the event loop it is first used on (grpc.aio's rule for chan
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterator, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import grpc.aio
 import numpy as np
 
-from gpucompute import _transfer, ops
+from gpucompute import _offload, _transfer, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
 from gpucompute._channel import SERVICE, Deadline, Settings, split_transfer
-from gpucompute._tensors import invalid, operand
+from gpucompute._tensors import Operand, invalid, operand
 from gpucompute.client import (HandleLike, TensorList, finish, handle_of, health_request,
                                health_status)
 from gpucompute.errors import ComputeError
@@ -46,8 +46,9 @@ class Client(Operations):
                  client_key_path: str = "", tls_server_name: str = "",
                  own_connection: bool = False, session: str = "", token: Optional[str] = None,
                  token_file: str = "", streams: int = 4, chunk_bytes: int = 4 << 20,
-                 parallel_min_bytes: int = 64 << 20, keepalive_seconds: float = 300.0,
-                 retries: bool = True, bfloat16: str = "auto",
+                 parallel_min_bytes: int = 64 << 20, offload_min_bytes: int = 64 << 20,
+                 keepalive_seconds: float = 300.0, retries: bool = True,
+                 bfloat16: str = "auto",
                  channel_options: Sequence[Tuple[str, Any]] = ()) -> None:
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
@@ -55,7 +56,8 @@ class Client(Operations):
             client_cert_path=client_cert_path, client_key_path=client_key_path,
             tls_server_name=tls_server_name, own_connection=own_connection, session=session,
             token=token, token_file=token_file, streams=streams, chunk_bytes=chunk_bytes,
-            parallel_min_bytes=parallel_min_bytes, keepalive_seconds=keepalive_seconds,
+            parallel_min_bytes=parallel_min_bytes, offload_min_bytes=offload_min_bytes,
+            keepalive_seconds=keepalive_seconds,
             retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options))
         self._settings.check()
         self._credentials = self._settings.credentials()
@@ -90,9 +92,14 @@ class Client(Operations):
 
     async def _unary(self, name: str, payload: bytes, timeout: Optional[float],
                      wait_for_ready: bool) -> bytes:
+        return await self._unary_until(name, payload, Deadline(self._settings.timeout(timeout)),
+                                       wait_for_ready)
+
+    async def _unary_until(self, name: str, payload: bytes, deadline: Deadline,
+                           wait_for_ready: bool) -> bytes:
         call = self._method("unary_unary", name)
         try:
-            return await call(payload, timeout=self._settings.timeout(timeout),
+            return await call(payload, timeout=deadline.remaining(),
                               metadata=self._settings.metadata(),
                               wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
@@ -100,9 +107,61 @@ class Client(Operations):
 
     async def _run_async(self, request: ops.Request, timeout: Optional[float],
                          wait_for_ready: bool, timings: bool) -> Any:
-        raw = await self._unary(request.method, request.encode().join(), timeout,
-                                wait_for_ready)
+        deadline = Deadline(self._settings.timeout(timeout))
+        plan = _offload.plan(request, self._settings)
+        if plan is not None:
+            return await self._run_offloaded(plan, deadline, wait_for_ready, timings)
+        raw = await self._unary_until(request.method, request.encode().join(), deadline,
+                                      wait_for_ready)
         return finish(request, raw, timings, self._settings.bfloat16)
+
+    async def _run_offloaded(self, plan: _offload.Plan, deadline: Deadline,
+                             wait_for_ready: bool, timings: bool) -> Any:
+        """As gpucompute.Client's: an operation through resident tensors; every handle it
+        made is freed before it returns or raises (cancelled too), except the result with
+        keep_output."""
+        handles: List[str] = []
+        try:
+            for _, op in plan.operands:
+                try:
+                    made = await self._upload(op, None, None, None, deadline, wait_for_ready)
+                    handles.append(made.handle)
+                except ComputeError as e:
+                    if e.code in _offload.FINAL_CODES:
+                        raise
+                    await self._free_quietly(handles, wait_for_ready)
+                    handles = []
+                    request = plan.request
+                    raw = await self._unary_until(request.method, request.encode().join(),
+                                                  deadline, wait_for_ready)
+                    return finish(request, raw, timings, self._settings.bfloat16)
+            shell = plan.shell(handles)
+            raw = await self._unary_until(shell.method, shell.encode().join(), deadline,
+                                          wait_for_ready)
+            response = ops.RESPONSES[shell.method].FromString(raw)
+            arrays: Dict[int, np.ndarray] = {}
+            if not plan.keep:
+                results = plan.results(response)
+                handles += [h for _, h in results]
+                for field, h in results:
+                    arrays[field] = await self._download(h, None, None, None, deadline,
+                                                         wait_for_ready)
+            return plan.value(response, arrays, timings, self._settings.bfloat16)
+        finally:
+            if handles:
+                # Shielded: a second cancellation leaves the Free running.
+                await asyncio.shield(self._free_quietly(handles, wait_for_ready))
+
+    async def _free_quietly(self, handles: List[str], wait_for_ready: bool) -> None:
+        """Frees an offloaded call's handles, with a deadline of its own (FREE_TIMEOUT,
+        whatever is left of the call's); a failure here is not the call's."""
+        if not handles:
+            return
+        try:
+            await self._unary_until("Free", pb.FreeRequest(handles=handles).SerializeToString(),
+                                    Deadline(_offload.FREE_TIMEOUT), wait_for_ready)
+        except ComputeError:
+            pass
 
     def _run(self, request: ops.Request, timeout: Optional[float], wait_for_ready: bool,
              timings: bool) -> Any:
@@ -128,11 +187,16 @@ class Client(Operations):
         op = operand(array, "array")
         if op.handle:
             raise invalid("array", f"names the resident tensor {op.handle!r} already")
+        return await self._upload(op, device, streams, chunk_bytes,
+                                  Deadline(self._settings.timeout(timeout)), wait_for_ready)
+
+    async def _upload(self, op: Operand, device: Optional[int], streams: Optional[int],
+                      chunk_bytes: Optional[int], deadline: Deadline,
+                      wait_for_ready: bool) -> Resident:
         data = op.data if op.data is not None else memoryview(b"")
         n_streams, chunk = self._settings.transfer(streams, chunk_bytes)
         parts = split_transfer(data.nbytes, n_streams, self._settings.parallel_min_bytes)
         headers = _transfer.upload_headers(op, parts, device)
-        deadline = Deadline(self._settings.timeout(timeout))
         metadata = self._settings.metadata()
 
         async def send(i: int) -> bytes:
@@ -154,8 +218,13 @@ class Client(Operations):
                        wait_for_ready: bool = False) -> np.ndarray:
         """As gpucompute.Client.download."""
         h = handle_of(handle, "handle")
+        return await self._download(h, out, streams, chunk_bytes,
+                                    Deadline(self._settings.timeout(timeout)), wait_for_ready)
+
+    async def _download(self, h: str, out: Optional[np.ndarray], streams: Optional[int],
+                        chunk_bytes: Optional[int], deadline: Deadline,
+                        wait_for_ready: bool) -> np.ndarray:
         n_streams, chunk = self._settings.transfer(streams, chunk_bytes)
-        deadline = Deadline(self._settings.timeout(timeout))
         kwargs = dict(metadata=self._settings.metadata(), wait_for_ready=wait_for_ready)
         first = self._method("unary_stream", "Download", 0)(
             _transfer.download_request(h, 0, 0, chunk), timeout=deadline.remaining(), **kwargs)

@@ -107,6 +107,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--gemm", type=int, default=8192, help="M = N = K of the large bf16 GEMM")
     p.add_argument("--transfer_mib", type=int, default=1024)
     p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--offload_min_bytes", type=int, default=64 << 20,
+                   help="operations whose inline operands reach this many bytes go through "
+                        "resident tensors (Python and CLI); 0: always one message")
     p.add_argument("--requests", type=int, default=5, help="timed calls of each large case")
     p.add_argument("--small_requests", type=int, default=2000, help="timed 64^3 GEMMs")
     p.add_argument("--warmup", type=int, default=1)
@@ -122,11 +125,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         keep_freed_host_memory()
     cases = set(args.only.split(","))
     client = gpucompute.Client(args.server, default_timeout=args.timeout, streams=args.streams,
-                               bfloat16="bits")
+                               offload_min_bytes=args.offload_min_bytes, bfloat16="bits")
     rng = np.random.default_rng(0)
     rows: List[Tuple[str, str, float, Optional[float], str]] = []
     cli_flags = [f"--timeout={int(args.timeout)}s", f"--streams={args.streams}",
-                 f"--warmup={args.warmup}"]
+                 f"--warmup={args.warmup}", f"--offload_min_bytes={args.offload_min_bytes}"]
 
     def add(name: str, unit: str, py: float, cli: Optional[float], note: str) -> None:
         rows.append((name, unit, py, cli, note))
@@ -181,7 +184,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                            ["gemm", f"--m={m}", f"--n={m}", f"--k={m}", "--dtype=bfloat16",
                             f"--requests={args.requests}", "--concurrency=1",
                             "--echo_baseline=false", *cli_flags], "gemm") * 1e3
-        add(f"gemm {m}^3 bf16 p50", "ms", t * 1e3, cli, "latency")
+        offloaded = 0 < args.offload_min_bytes <= a.nbytes + b.nbytes
+        add(f"gemm {m}^3 bf16 p50", "ms", t * 1e3, cli,
+            "latency, " + ("offloaded" if offloaded else "one message"))
     if "upload" in cases or "download" in cases:
         n = args.transfer_mib << 20
         x = rng.integers(0, 2**16, n // 2, dtype=np.uint16)

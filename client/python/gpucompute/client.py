@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
 
-from gpucompute import _transfer, _wire, ops
+from gpucompute import _offload, _transfer, _wire, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
 from gpucompute._channel import SERVICE, Deadline, Settings, split_transfer
-from gpucompute._tensors import invalid, operand
+from gpucompute._tensors import Operand, invalid, operand
 from gpucompute.errors import ComputeError
 from gpucompute.ops import ArrayLike, Resident
 from gpucompute.v1 import compute_pb2 as pb
@@ -91,6 +91,13 @@ class Client(Operations):
       streams: streams of a parallel upload or download, each on a connection of its own.
       chunk_bytes: tensor bytes per message of an upload or download stream.
       parallel_min_bytes: transfers smaller than this use one stream.
+      offload_min_bytes: an operation (gemm, gemv, reduce, transpose, attention) whose inline
+        operands hold at least this many bytes goes through resident tensors: the operands
+        are uploaded over parallel streams, the operation runs on their handles, its result
+        is downloaded over parallel streams and every handle is freed; the caller gets the
+        same value (and error) as from one message. Where the upload is refused (an older
+        server, a full quota) the call goes as one message. 0: always one message. Never
+        with lb_policy="round_robin".
       keepalive_seconds: ping interval on a connection with calls in flight (0: none); the
         server accepts no more than one ping in 5 minutes without data.
       retries: retry idempotent calls (every operation, Echo, GetServerInfo, ListTensors,
@@ -108,8 +115,9 @@ class Client(Operations):
                  client_key_path: str = "", tls_server_name: str = "",
                  own_connection: bool = False, session: str = "", token: Optional[str] = None,
                  token_file: str = "", streams: int = 4, chunk_bytes: int = 4 << 20,
-                 parallel_min_bytes: int = 64 << 20, keepalive_seconds: float = 300.0,
-                 retries: bool = True, bfloat16: str = "auto",
+                 parallel_min_bytes: int = 64 << 20, offload_min_bytes: int = 64 << 20,
+                 keepalive_seconds: float = 300.0, retries: bool = True,
+                 bfloat16: str = "auto",
                  channel_options: Sequence[Tuple[str, Any]] = ()) -> None:
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
@@ -117,7 +125,8 @@ class Client(Operations):
             client_cert_path=client_cert_path, client_key_path=client_key_path,
             tls_server_name=tls_server_name, own_connection=own_connection, session=session,
             token=token, token_file=token_file, streams=streams, chunk_bytes=chunk_bytes,
-            parallel_min_bytes=parallel_min_bytes, keepalive_seconds=keepalive_seconds,
+            parallel_min_bytes=parallel_min_bytes, offload_min_bytes=offload_min_bytes,
+            keepalive_seconds=keepalive_seconds,
             retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options))
         self._settings.check()
         self._credentials = self._settings.credentials()
@@ -167,10 +176,68 @@ class Client(Operations):
         except grpc.RpcError as e:
             raise ComputeError.from_rpc_error(e) from None
 
+    def _unary_until(self, name: str, payload: bytes, deadline: Deadline,
+                     wait_for_ready: bool) -> bytes:
+        call = self._method("unary_unary", name)
+        try:
+            return call(payload, timeout=deadline.remaining(), metadata=self._settings.metadata(),
+                        wait_for_ready=wait_for_ready)
+        except grpc.RpcError as e:
+            raise ComputeError.from_rpc_error(e) from None
+
     def _run(self, request: ops.Request, timeout: Optional[float], wait_for_ready: bool,
              timings: bool) -> Any:
+        plan = _offload.plan(request, self._settings)
+        if plan is not None:
+            return self._run_offloaded(plan, Deadline(self._settings.timeout(timeout)),
+                                       wait_for_ready, timings)
         raw = self._unary(request.method, request.encode().join(), timeout, wait_for_ready)
         return finish(request, raw, timings, self._settings.bfloat16)
+
+    def _run_offloaded(self, plan: _offload.Plan, deadline: Deadline, wait_for_ready: bool,
+                       timings: bool) -> Any:
+        """An operation through resident tensors (see offload_min_bytes); every handle it
+        made is freed before it returns or raises, except the result with keep_output."""
+        handles: List[str] = []
+        try:
+            for _, op in plan.operands:
+                try:
+                    handles.append(self._upload(op, None, None, None, deadline,
+                                                wait_for_ready).handle)
+                except ComputeError as e:
+                    if e.code in _offload.FINAL_CODES:
+                        raise
+                    self._free_quietly(handles, wait_for_ready)
+                    handles = []
+                    request = plan.request
+                    raw = self._unary_until(request.method, request.encode().join(), deadline,
+                                            wait_for_ready)
+                    return finish(request, raw, timings, self._settings.bfloat16)
+            shell = plan.shell(handles)
+            raw = self._unary_until(shell.method, shell.encode().join(), deadline,
+                                    wait_for_ready)
+            response = ops.RESPONSES[shell.method].FromString(raw)
+            arrays: Dict[int, np.ndarray] = {}
+            if not plan.keep:
+                results = plan.results(response)
+                handles += [h for _, h in results]
+                for field, h in results:
+                    arrays[field] = self._download(h, None, None, None, deadline,
+                                                   wait_for_ready)
+            return plan.value(response, arrays, timings, self._settings.bfloat16)
+        finally:
+            self._free_quietly(handles, wait_for_ready)
+
+    def _free_quietly(self, handles: List[str], wait_for_ready: bool) -> None:
+        """Frees an offloaded call's handles, with a deadline of its own (FREE_TIMEOUT,
+        whatever is left of the call's); a failure here is not the call's."""
+        if not handles:
+            return
+        try:
+            self._unary_until("Free", pb.FreeRequest(handles=handles).SerializeToString(),
+                              Deadline(_offload.FREE_TIMEOUT), wait_for_ready)
+        except ComputeError:
+            pass
 
     def info(self, *, timeout: Optional[float] = None,
              wait_for_ready: bool = False) -> pb.ServerInfoResponse:
@@ -200,11 +267,16 @@ class Client(Operations):
         op = operand(array, "array")
         if op.handle:
             raise invalid("array", f"names the resident tensor {op.handle!r} already")
+        return self._upload(op, device, streams, chunk_bytes,
+                            Deadline(self._settings.timeout(timeout)), wait_for_ready)
+
+    def _upload(self, op: Operand, device: Optional[int], streams: Optional[int],
+                chunk_bytes: Optional[int], deadline: Deadline,
+                wait_for_ready: bool) -> Resident:
         data = op.data if op.data is not None else memoryview(b"")
         n_streams, chunk = self._settings.transfer(streams, chunk_bytes)
         parts = split_transfer(data.nbytes, n_streams, self._settings.parallel_min_bytes)
         headers = _transfer.upload_headers(op, parts, device)
-        deadline = Deadline(self._settings.timeout(timeout))
         metadata = self._settings.metadata()
         group = _Group()
         for i, part in enumerate(parts):
@@ -227,8 +299,13 @@ class Client(Operations):
         streams on the later parts. Errors: NOT_FOUND for a handle unknown, freed or another
         session's; INVALID_ARGUMENT when `out` does not fit."""
         h = handle_of(handle, "handle")
+        return self._download(h, out, streams, chunk_bytes,
+                              Deadline(self._settings.timeout(timeout)), wait_for_ready)
+
+    def _download(self, h: str, out: Optional[np.ndarray], streams: Optional[int],
+                  chunk_bytes: Optional[int], deadline: Deadline,
+                  wait_for_ready: bool) -> np.ndarray:
         n_streams, chunk = self._settings.transfer(streams, chunk_bytes)
-        deadline = Deadline(self._settings.timeout(timeout))
         metadata = self._settings.metadata()
         kwargs = dict(metadata=metadata, wait_for_ready=wait_for_ready)
         calls: List[Any] = []

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from gpucompute import _wire
 from gpucompute._tensors import (DTypeLike, Operand, dtype_name, from_wire, invalid, operand,
                                  parse_dtype)
@@ -95,17 +97,23 @@ RESPONSES: Dict[str, Any] = {
 }
 BATCH_REQUEST_FIELD = {"Gemm": 2, "Gemv": 3, "Reduce": 4, "Transpose": 5, "Attention": 6}
 BATCH_RESPONSE_FIELD = {"Gemm": 4, "Gemv": 5, "Reduce": 6, "Transpose": 7, "Attention": 8}
-_RESPONSE_TENSOR_NAMES = {"Gemm": ("c",), "Gemv": ("y",), "Reduce": ("output",),
-                          "Transpose": ("output",), "Attention": ("o", "lse"),
-                          "Echo": ("output",)}
+RESPONSE_TENSOR_NAMES = {"Gemm": ("c",), "Gemv": ("y",), "Reduce": ("output",),
+                         "Transpose": ("output",), "Attention": ("o", "lse"),
+                         "Echo": ("output",)}
 
 
 def decode(request: Request, response: Any, datas: Dict[_wire.Path, memoryview],
-           prefix: _wire.Path, bfloat16: str) -> Value:
-    """The value of `response` (a parsed response whose tensors' bytes are in `datas`)."""
-    names = _RESPONSE_TENSOR_NAMES[request.method]
+           prefix: _wire.Path, bfloat16: str,
+           arrays: Optional[Dict[int, np.ndarray]] = None) -> Value:
+    """The value of `response` (a parsed response whose tensors' bytes are in `datas`);
+    `arrays`: results by field number that stand for the response's tensors (an offloaded
+    call's downloads)."""
+    names = RESPONSE_TENSOR_NAMES[request.method]
     values = []
     for field, name in zip(request.outputs, names):
+        if arrays and field in arrays:
+            values.append(arrays[field])
+            continue
         if not response.HasField(name):
             values.append(None)
             continue

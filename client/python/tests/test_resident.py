@@ -110,3 +110,12 @@ def test_split_transfer_matches_the_cpp_rules():
         assert all(b % 4096 == 0 for b, _ in parts)
         sizes = [e - b for b, e in parts[:-1]]
         assert max(sizes) - min(sizes) <= 4096 if sizes else True
+
+
+def test_round_robin_transfers_use_one_stream():
+    # Over several servers the parts of one tensor could reach different ones (client.cc).
+    from gpucompute._channel import Settings
+    assert Settings().transfer(None, None)[0] == 4
+    assert Settings(lb_policy="round_robin").transfer(8, None)[0] == 1
+    assert Settings(channel_options=(("grpc.lb_policy_name", "round_robin"),)).balanced()
+    assert not Settings(lb_policy="pick_first").balanced()
