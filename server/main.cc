@@ -78,6 +78,9 @@ ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
           "when set, {\"grpc_port\": N, \"metrics_port\": M} is written here once serving");
 ABSL_FLAG(absl::Duration, shutdown_timeout, kDefaults.shutdown_timeout,
           "on SIGTERM/SIGINT, how long calls in flight may take before they are cancelled");
+ABSL_FLAG(absl::Duration, stalled_stream_timeout, kDefaults.stalled_stream_timeout,
+          "a Batch stream whose answer waits this long to be written, because its client does "
+          "not read, is ended RESOURCE_EXHAUSTED and its unsent answers dropped; inf = never");
 
 ABSL_FLAG(absl::Duration, keepalive_time, kDefaults.keepalive_time,
           "a connection idle this long is pinged, and closed when no answer comes within "
@@ -147,6 +150,7 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  options.stalled_stream_timeout = absl::GetFlag(FLAGS_stalled_stream_timeout);
   options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
   options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);

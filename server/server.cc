@@ -81,7 +81,8 @@ absl::Status CheckOptions(const ServerOptions& options) {
        {std::pair<const char*, absl::Duration>{"keepalive_time", options.keepalive_time},
         {"keepalive_timeout", options.keepalive_timeout},
         {"max_connection_age", options.max_connection_age},
-        {"max_connection_age_grace", options.max_connection_age_grace}}) {
+        {"max_connection_age_grace", options.max_connection_age_grace},
+        {"stalled_stream_timeout", options.stalled_stream_timeout}}) {
     if (value <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--", flag, ": expected > 0 (inf: never) but got ", absl::FormatDuration(value)));
@@ -246,9 +247,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
   ServiceOptions service;
   service.limits.max_output_bytes = opts.max_message_bytes - kResponseEnvelopeBytes;
   service.limits.head_dims = devices.head_dims;
-  // A stream's read-ahead holds request bytes before admission sees them:
-  // bound it by the admission limit too.
+  // A stream holds request bytes before admission sees them and answer
+  // bytes after it has let them go: bound them by the admission limit too.
   if (opts.max_inflight_bytes > 0) service.batch_window_bytes = opts.max_inflight_bytes;
+  service.stalled_stream_timeout = opts.stalled_stream_timeout;
   service.max_message_bytes = opts.max_message_bytes;
   server->service_ =
       std::make_unique<ComputeService>(server->engine_.get(), server->admission_.get(),

@@ -70,6 +70,9 @@ struct ServerOptions {
   std::string ready_file;
   // How long Shutdown waits for calls in flight before cancelling them.
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // A Batch stream whose answer waits this long to be written (its client
+  // does not read) is ended RESOURCE_EXHAUSTED; infinite: never.
+  absl::Duration stalled_stream_timeout = absl::Seconds(30);
   // HTTP/2 keepalive: a connection idle this long gets a ping, and is closed
   // when no answer comes within keepalive_timeout (clients that vanished).
   // Clients may ping as often as every 10 s, also between calls.

@@ -1,22 +1,34 @@
 // The Batch RPC: one bidirectional stream of operations, each answered with
 // its own code as it finishes (ComputeService::Batch).
+#include <algorithm>
 #include <deque>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "grpc/grpc.h"
 #include "server/service/compute_service.h"
 #include "server/service/convert.h"
 
 namespace gpucompute {
 
-// One Batch stream. Items are read (at most batch_window ahead of their
-// answers), run concurrently on the pool, and answered as they finish, one
-// write in flight at a time with a queue behind it. A failed item is answered
-// with its own code; the stream finishes OK after the client's half-close
-// once every item is answered.
+// One Batch stream. Items are read (at most batch_window items and
+// batch_window_bytes ahead of their answers being written), run concurrently
+// on the pool, and answered as they finish, one write in flight at a time
+// with a queue behind it. A failed item is answered with its own code; the
+// stream finishes OK after the client's half-close once every item is
+// answered.
+//
+// An answer gives its admission back once computed, as a unary call's does
+// when it is finished: a client that reads slowly holds up its own stream
+// (its window fills and it stops reading), never the others. A stream whose
+// write in flight has waited stalled_stream_timeout (its client does not
+// read) is ended RESOURCE_EXHAUSTED by the service's watch
+// (WatchStalledStreams) and its answers dropped.
 //
 // gRPC may run reactions concurrently, so the state is under mu_; gRPC
 // operations (StartRead, StartWrite, Finish) are started after mu_ is
@@ -28,6 +40,7 @@ class ComputeService::BatchReactor final
       : service_(service), context_(context), accepted_(absl::Now()) {
     service_->BeginCall();
     service_->metrics_->RequestStarted();
+    service_->WatchStream(this);
     StartRead(&request_);
   }
 
@@ -69,25 +82,26 @@ class ComputeService::BatchReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    std::vector<Admission::Ticket> done;  // released after mu_
+    std::deque<Pending> done;  // freed after mu_
     const Actions actions = Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Actions a;
-      done.push_back(std::move(writes_.front().ticket));
-      outstanding_bytes_ -= writes_.front().request_bytes;
+      outstanding_bytes_ -= writes_.front().bytes;
+      done.push_back(std::move(writes_.front()));
       writes_.pop_front();
       --outstanding_;
-      if (!ok) {
+      if (!ok || broken_) {  // the client is gone, or the stream was ended
         broken_ = true;
         outstanding_ -= static_cast<int>(writes_.size());
         for (Pending& pending : writes_) {
-          done.push_back(std::move(pending.ticket));
-          outstanding_bytes_ -= pending.request_bytes;
+          outstanding_bytes_ -= pending.bytes;
+          done.push_back(std::move(pending));
         }
         writes_.clear();
       }
       if (!writes_.empty()) {
         a.write = writes_.front().response.get();
         a.more = writes_.size() > 1;
+        write_started_ = absl::Now();
       } else {
         writing_ = false;
       }
@@ -97,7 +111,6 @@ class ComputeService::BatchReactor final
       }
       return a;
     });
-    for (Admission::Ticket& ticket : done) service_->ReleaseTicket(ticket);
     Act(actions);
   }
 
@@ -109,12 +122,51 @@ class ComputeService::BatchReactor final
   }
 
   void OnDone() override {
-    const absl::StatusCode code = CodeSeenByClient(absl::Status(final_code_, ""), context_,
-                                                   absl::FromChrono(context_->deadline()));
+    service_->UnwatchStream(this);
+    // A stream ended for not reading was cancelled, but its client was told
+    // RESOURCE_EXHAUSTED.
+    const absl::StatusCode code = final_code_ == absl::StatusCode::kResourceExhausted
+                                      ? final_code_
+                                      : CodeSeenByClient(absl::Status(final_code_, ""), context_,
+                                                         absl::FromChrono(context_->deadline()));
     service_->metrics_->RequestFinished("Batch", code,
                                         absl::ToDoubleSeconds(absl::Now() - accepted_));
     service_->EndCall();
     delete this;
+  }
+
+  // Called by the watch, with the service's streams_mu_ held. When the write
+  // in flight started stalled_stream_timeout or more before `now`, marks the
+  // stream ended and pinned (it cannot finish, so it lives until Cut) and
+  // returns true; the caller must then call Cut().
+  bool PinIfStalled(absl::Time now) {
+    absl::MutexLock lock(&mu_);
+    const absl::Duration timeout = service_->options_.stalled_stream_timeout;
+    if (!writing_ || broken_ || now - write_started_ < timeout) return false;
+    broken_ = true;
+    stalled_ = true;
+    ++pins_;
+    int64_t unsent_bytes = 0;
+    for (const Pending& pending : writes_) unsent_bytes += pending.bytes;
+    cut_message_ = absl::StrCat(
+        "the client did not read its answers: one waited ", absl::FormatDuration(timeout),
+        " to be written (--stalled_stream_timeout), so the stream was ended and its ",
+        writes_.size(), " unsent answers (", unsent_bytes, " bytes) dropped");
+    return true;
+  }
+
+  // Ends a stream that PinIfStalled pinned. Finish would wait behind the
+  // write in flight, which waits for the client: cancelling sends the status
+  // (as trailers) at once and fails the write and read in flight, whose
+  // completions drop the answers. REQUIRES: neither mu_ nor the service's
+  // streams_mu_ held.
+  void Cut() {
+    grpc_call_cancel_with_status(context_->c_call(), GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                 cut_message_.c_str(), nullptr);
+    Act(Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      --pins_;
+      return Actions{};
+    }));
   }
 
  private:
@@ -132,11 +184,14 @@ class ComputeService::BatchReactor final
   Actions Locked(Fn fn) {
     absl::MutexLock lock(&mu_);
     Actions actions = fn();
-    // Every item is answered (or dropped) and nothing is being written: the
-    // stream can finish once the client has half-closed (or is gone).
-    if (!finishing_ && !writing_ && outstanding_ == 0 && (reads_done_ || broken_)) {
+    // Every item is answered (or dropped), nothing is being written and the
+    // watch holds no pin: the stream can finish once the client has
+    // half-closed (or is gone).
+    if (!finishing_ && !writing_ && outstanding_ == 0 && pins_ == 0 && (reads_done_ || broken_)) {
       finishing_ = true;
-      final_code_ = broken_ ? absl::StatusCode::kCancelled : absl::StatusCode::kOk;
+      final_code_ = stalled_  ? absl::StatusCode::kResourceExhausted
+                    : broken_ ? absl::StatusCode::kCancelled
+                              : absl::StatusCode::kOk;
       actions.finish = true;
       actions.read = false;
     }
@@ -151,9 +206,17 @@ class ComputeService::BatchReactor final
                  actions.more ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions());
     }
     if (actions.finish) {
-      Finish(final_code_ == absl::StatusCode::kOk
-                 ? grpc::Status::OK
-                 : grpc::Status(grpc::StatusCode::CANCELLED, "the batch stream was cancelled"));
+      switch (final_code_) {
+        case absl::StatusCode::kOk:
+          Finish(grpc::Status::OK);
+          break;
+        case absl::StatusCode::kResourceExhausted:  // the client already has it (Cut)
+          Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, cut_message_));
+          break;
+        default:
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the batch stream was cancelled"));
+          break;
+      }
     }
   }
 
@@ -180,26 +243,29 @@ class ComputeService::BatchReactor final
       response->set_code(static_cast<int32_t>(grpc_status.error_code()));
       response->set_message(grpc_status.error_message());
     }
-    service->metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
+    const int64_t answer_bytes = static_cast<int64_t>(response->ByteSizeLong());
+    service->metrics_->AddSentBytes(answer_bytes);
     service->metrics_->ItemFinished(method, status.code(),
                                     absl::ToDoubleSeconds(absl::Now() - call.accepted));
-    bool dropped = false;
+    // Computed: the answer's bytes leave admission, and the stream's window
+    // holds them until they are written.
+    service->ReleaseTicket(ticket);
     const Actions actions = Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Actions a;
       if (broken_) {
         --outstanding_;
         outstanding_bytes_ -= item_bytes;
-        dropped = true;
         return a;
       }
-      writes_.push_back(Pending{std::move(response), std::move(ticket), item_bytes});
+      outstanding_bytes_ += answer_bytes - item_bytes;
+      writes_.push_back(Pending{std::move(response), answer_bytes});
       if (!writing_) {
         writing_ = true;
+        write_started_ = absl::Now();
         a.write = writes_.front().response.get();
       }
       return a;
     });
-    if (dropped) service->ReleaseTicket(ticket);
     // Counted as running until here, so a drain waits for the answer to be
     // queued; the write itself is awaited with the stream (BeginCall).
     service->EndOp();
@@ -211,24 +277,30 @@ class ComputeService::BatchReactor final
   const absl::Time accepted_;
   v1::BatchRequest request_;                             // the read in flight (one at a time)
   absl::StatusCode final_code_ = absl::StatusCode::kOk;  // set before Finish
+  std::string cut_message_;  // why the watch ended the stream; set before Cut
 
   absl::Mutex mu_;
   // Items read and not yet answered (running, or queued for writing).
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t outstanding_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // request bytes of those items
+  // Their bytes: a running item's request, a queued item's answer.
+  int64_t outstanding_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Answers waiting to be written; the front one is being written when
-  // writing_.
+  // writing_, since write_started_.
   struct Pending {
     std::unique_ptr<v1::BatchResponse> response;
-    Admission::Ticket ticket;   // its bytes stay in flight until written
-    int64_t request_bytes = 0;  // the item's share of the read-ahead window
+    int64_t bytes = 0;  // the answer's share of the window
   };
   std::deque<Pending> writes_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time write_started_ ABSL_GUARDED_BY(mu_);
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
-  // The client is gone (cancelled, or a write failed): answers are dropped.
+  // The client is gone (cancelled, or a write failed) or the stream was
+  // ended by the watch (stalled_): answers are dropped.
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool stalled_ ABSL_GUARDED_BY(mu_) = false;
+  // Held by the watch between deciding to end the stream and doing so.
+  int pins_ ABSL_GUARDED_BY(mu_) = 0;
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -239,6 +311,36 @@ class ComputeService::RejectedStream final
   explicit RejectedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
   void OnDone() override { delete this; }
 };
+
+void ComputeService::WatchStream(BatchReactor* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.insert(stream);
+}
+
+void ComputeService::UnwatchStream(BatchReactor* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void ComputeService::WatchStalledStreams() {
+  // A stream is ended between the timeout and the timeout plus a period
+  // after its write started.
+  const absl::Duration period =
+      std::clamp(options_.stalled_stream_timeout / 10, absl::Milliseconds(10), absl::Seconds(1));
+  while (true) {
+    std::vector<BatchReactor*> stalled;  // pinned: alive until cut
+    {
+      absl::MutexLock lock(&streams_mu_);
+      if (streams_mu_.AwaitWithTimeout(absl::Condition(&stop_watch_), period)) return;
+      const absl::Time now = absl::Now();
+      for (BatchReactor* stream : streams_) {
+        if (stream->PinIfStalled(now)) stalled.push_back(stream);
+      }
+    }
+    // Without streams_mu_: what the cut sets off may end a stream (OnDone).
+    for (BatchReactor* stream : stalled) stream->Cut();
+  }
+}
 
 grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse>* ComputeService::Batch(
     grpc::CallbackServerContext* context) {

@@ -136,6 +136,17 @@ ComputeService::ComputeService(Engine* engine, Admission* admission, WorkerPool*
         "Upload", "Download", "Free", "ListTensors"}) {
     metrics_->AddMethod(method);
   }
+  if (options_.stalled_stream_timeout != absl::InfiniteDuration()) {
+    watch_ = std::thread([this] { WatchStalledStreams(); });
+  }
+}
+
+ComputeService::~ComputeService() {
+  {
+    absl::MutexLock lock(&streams_mu_);
+    stop_watch_ = true;
+  }
+  if (watch_.joinable()) watch_.join();
 }
 
 absl::Time ComputeService::AdmissionDeadline(const Call& call) {

@@ -11,7 +11,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -34,12 +36,19 @@ struct ServiceOptions {
   Limits limits;
   // Reported by GetServerInfo.
   int64_t max_message_bytes = 0;
-  // Items of one Batch stream read ahead of their answers; beyond this the
-  // stream stops reading (flow control pushes back on the client).
+  // Items of one Batch stream read ahead of their answers being written;
+  // beyond this the stream stops reading (flow control pushes back on the
+  // client).
   int batch_window = 64;
-  // Request bytes of one Batch stream read ahead of their answers; beyond
-  // this the stream stops reading too (at least one item is always read).
+  // Bytes one Batch stream holds between reading an item and writing its
+  // answer: the request's until it is answered, then the answer's (which
+  // holds no admission once computed). Beyond this the stream stops reading
+  // too; at least one item is always read.
   int64_t batch_window_bytes = int64_t{1} << 30;
+  // A Batch stream whose answer has waited this long to be written (its
+  // client does not read) is ended RESOURCE_EXHAUSTED and its answers
+  // dropped; infinite: never.
+  absl::Duration stalled_stream_timeout = absl::Seconds(30);
 };
 
 // Upload and Download are served raw: their chunks' bytes go between gRPC's
@@ -53,6 +62,9 @@ class ComputeService final : public ComputeServiceBase {
   // it has started (the server drains calls and the pool first).
   ComputeService(Engine* engine, Admission* admission, WorkerPool* pool, Metrics* metrics,
                  ServiceOptions options);
+  // Stops the watch on stalled Batch streams. REQUIRES: every call is done
+  // with (gRPC's server shut down).
+  ~ComputeService();
   ComputeService(const ComputeService&) = delete;
   ComputeService& operator=(const ComputeService&) = delete;
 
@@ -190,6 +202,14 @@ class ComputeService final : public ComputeServiceBase {
   void BeginCall();
   void EndCall();
 
+  // Open Batch streams, for the watch on stalled ones: a stream is watched
+  // from its reactor's creation to its OnDone.
+  void WatchStream(BatchReactor* stream);
+  void UnwatchStream(BatchReactor* stream);
+  // The watch's thread: every fraction of stalled_stream_timeout, ends the
+  // streams whose answer has waited longer than that to be written.
+  void WatchStalledStreams();
+
   Engine* const engine_;
   std::function<void()> on_no_healthy_device_;
   Admission* const admission_;
@@ -206,6 +226,11 @@ class ComputeService final : public ComputeServiceBase {
   absl::Mutex ops_mu_;
   int64_t active_ops_ ABSL_GUARDED_BY(ops_mu_) = 0;
   int64_t open_calls_ ABSL_GUARDED_BY(ops_mu_) = 0;
+  // Locked before any stream's own mutex.
+  absl::Mutex streams_mu_;
+  std::set<BatchReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool stop_watch_ ABSL_GUARDED_BY(streams_mu_) = false;
+  std::thread watch_;  // not started when the timeout is infinite
 };
 
 }  // namespace gpucompute

@@ -54,8 +54,9 @@ TEST(ConnectionTest, YoungConnectionsStay) {
 }
 
 TEST(ConnectionTest, BadDurationsAreRefused) {
-  for (const char* flag : {"--max_connection_age=0s", "--keepalive_time=-1s",
-                           "--keepalive_timeout=0s", "--max_connection_age_grace=0s"}) {
+  for (const char* flag :
+       {"--max_connection_age=0s", "--keepalive_time=-1s", "--keepalive_timeout=0s",
+        "--max_connection_age_grace=0s", "--stalled_stream_timeout=0s"}) {
     CommandResult r = RunCommand({ServerPath(), "--listen=127.0.0.1:0", "--metrics_listen=", flag},
                                  absl::Seconds(30));
     EXPECT_EQ(r.exit_code, 1) << flag << ": " << r.output;
