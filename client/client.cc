@@ -660,10 +660,16 @@ absl::StatusOr<Response> Client::RunOp(const Request& request, const CallOptions
   }
   // The results, downloaded (unless the caller asked to keep them).
   if (!keep) {
-    for (const FieldDescriptor* f : TensorFields(*response)) {
+    // Every result's handle is in `handles` before the first download, so
+    // that a failed download frees them all (attention's LSE with its O).
+    const std::vector<const FieldDescriptor*> results = TensorFields(*response);
+    for (const FieldDescriptor* f : results) {
+      const std::string& handle = TensorAt(*response, f).handle();
+      if (!handle.empty()) handles.push_back(handle);
+    }
+    for (const FieldDescriptor* f : results) {
       const std::string handle = TensorAt(*response, f).handle();
       if (handle.empty()) continue;
-      handles.push_back(handle);
       absl::StatusOr<v1::Tensor> result =
           DownloadTensor(handle, DownloadOptions(), Remaining(deadline, call));
       if (!result.ok()) {

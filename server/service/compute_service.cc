@@ -245,6 +245,15 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     return result.status();
   }
   const absl::Time encode_start = absl::Now();
+  // A kept result whose caller is gone (cancelled, or past its deadline)
+  // would never be told its handle and stay until its lease ran out: it is
+  // dropped unpublished instead. (A caller that goes just after this still
+  // leaves its results to the lease.)
+  const bool kept = result->kept_output != nullptr || result->kept_lse != nullptr;
+  if (kept && context->IsCancelled()) return absl::CancelledError("the call was cancelled");
+  if (kept && absl::Now() >= call.deadline) {
+    return absl::DeadlineExceededError("the deadline passed while the operation ran");
+  }
   if (result->kept_output != nullptr) engine_->store().Publish(result->kept_output);
   if (result->kept_lse != nullptr) engine_->store().Publish(result->kept_lse);
   FillResponse(*result, response);

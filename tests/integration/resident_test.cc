@@ -717,6 +717,34 @@ TEST_F(ResidentTest, FreeIsAllOrNoneAndOnce) {
   EXPECT_TRUE(HoldsNothing(*client));
 }
 
+// A result kept for a caller whose deadline passed while the operation ran
+// is dropped, not published: the caller never learns its handle.
+TEST_F(ResidentTest, AResultKeptForACallerThatLeftIsDropped) {
+  auto client = NewClient(Session("left"));
+  const v1::GemmRequest gemm = MakeGemm(v1::FLOAT32, {.m = 1536, .n = 1536, .k = 1536});
+  auto a = client->Upload(gemm.a());
+  auto b = client->Upload(gemm.b());
+  ASSERT_TRUE(a.ok() && b.ok());
+  v1::GemmRequest on_handles = gemm;
+  *on_handles.mutable_a() = HandleTensor(a->handle());
+  *on_handles.mutable_b() = HandleTensor(b->handle());
+  on_handles.mutable_options()->set_keep_output(true);
+  // About a second of work on the CPU backend; the caller leaves after 50 ms.
+  auto left = client->Gemm(on_handles, {.timeout = absl::Milliseconds(50)});
+  EXPECT_EQ(left.status().code(), absl::StatusCode::kDeadlineExceeded) << left.status();
+  // The same work again, answered: by then the first has finished as well.
+  on_handles.mutable_options()->set_keep_output(false);
+  auto answered = client->Gemm(on_handles);
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  absl::SleepFor(absl::Milliseconds(200));
+  auto list = client->ListTensors();
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->tensors_size(), 2) << "a result nobody can name was kept: "
+                                     << list->DebugString();
+  ASSERT_TRUE(client->Free({a->handle(), b->handle()}).ok());
+  EXPECT_TRUE(HoldsNothing(*client));
+}
+
 TEST_F(ResidentTest, HandleOperandsMustMatchTheirTensor) {
   auto client = NewClient(Session());
   v1::Tensor t = RandomTensor(v1::FLOAT32, {33, 7}, Rng());
