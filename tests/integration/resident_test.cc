@@ -739,8 +739,8 @@ TEST_F(ResidentTest, AResultKeptForACallerThatLeftIsDropped) {
   absl::SleepFor(absl::Milliseconds(200));
   auto list = client->ListTensors();
   ASSERT_TRUE(list.ok()) << list.status();
-  EXPECT_EQ(list->tensors_size(), 2) << "a result nobody can name was kept: "
-                                     << list->DebugString();
+  EXPECT_EQ(list->tensors_size(), 2)
+      << "a result nobody can name was kept: " << list->DebugString();
   ASSERT_TRUE(client->Free({a->handle(), b->handle()}).ok());
   EXPECT_TRUE(HoldsNothing(*client));
 }
