@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -58,18 +59,22 @@ class Cursor {
   int64_t position() const { return position_; }
   int64_t size() const { return size_; }
 
-  bool ReadByte(uint8_t* byte) {
-    if (position_ >= size_) return false;
+  // Reads one byte before `end`. REQUIRES: end <= size().
+  bool ReadByte(int64_t end, uint8_t* byte) {
+    if (position_ >= end) return false;
     *byte = slices_[index_].begin()[offset_];
     Advance(1);
     return true;
   }
 
-  bool ReadVarint(uint64_t* value) {
+  // Reads a varint of at most `max_bytes` bytes that ends before `end` (a
+  // field never runs past the end of its message); bits past 64 are
+  // dropped, as protobuf drops them. REQUIRES: end <= size().
+  bool ReadVarint(int64_t end, uint64_t* value, int max_bytes = 10) {
     uint64_t result = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t byte;
-      if (!ReadByte(&byte)) return false;
+      if (!ReadByte(end, &byte)) return false;
       result |= static_cast<uint64_t>(byte & 0x7f) << shift;
       if ((byte & 0x80) == 0) {
         *value = result;
@@ -132,14 +137,18 @@ class Parser {
   // encoded bytes (scalars, strings, small bytes, unknown fields) are merged
   // by protobuf at the end; message fields are descended into, so that
   // large bytes inside them stay in the slices.
+  // REQUIRES: cursor position <= end <= cursor size.
   bool ParseMessage(Message* message, int64_t end, int depth) {
     if (depth > kMaxDepth) return Fail("nested too deeply");
     const Descriptor* type = message->GetDescriptor();
     const Reflection* reflection = message->GetReflection();
     std::string plain;  // the fields protobuf parses
     while (cursor_.position() < end) {
+      // Tags and lengths as protobuf reads them: at most 5 bytes; a tag
+      // keeps its low 32 bits, a length must fit in an int32.
       uint64_t tag;
-      if (!cursor_.ReadVarint(&tag)) return Fail("truncated field tag");
+      if (!cursor_.ReadVarint(end, &tag, 5)) return Fail("truncated field tag");
+      tag = static_cast<uint32_t>(tag);
       const uint64_t number = tag >> 3;
       const auto wire_type = static_cast<WireType>(tag & 7);
       if (number == 0 || number > FieldDescriptor::kMaxNumber) return Fail("invalid field number");
@@ -147,7 +156,7 @@ class Parser {
       switch (wire_type) {
         case kVarint: {
           uint64_t value;
-          if (!cursor_.ReadVarint(&value)) return Fail("truncated varint");
+          if (!cursor_.ReadVarint(end, &value)) return Fail("truncated varint");
           AppendVarint(tag, &plain);
           AppendVarint(value, &plain);
           break;
@@ -162,7 +171,10 @@ class Parser {
         }
         case kLengthDelimited: {
           uint64_t length;
-          if (!cursor_.ReadVarint(&length)) return Fail("truncated length");
+          if (!cursor_.ReadVarint(end, &length, 5) ||
+              length > uint64_t{std::numeric_limits<int32_t>::max()}) {
+            return Fail("invalid length");
+          }
           if (length > static_cast<uint64_t>(end - cursor_.position())) {
             return Fail(absl::StrCat("field ", number, " runs past the end of its message"));
           }
