@@ -215,6 +215,43 @@ TEST(WireParse, TagsAndLengthsAsProtobufReadsThem) {
   }
 }
 
+// A oneof member that replaces another deletes it: the fields the replaced
+// one left in the slices are forgotten, not written into the deleted
+// message. (Found by tests/fuzz/fuzz_wire.)
+TEST(WireParse, AReplacedOneofMemberKeepsNothingInTheSlices) {
+  std::mt19937 rng(17);
+  v1::BatchRequest gemm;
+  gemm.set_id("first");
+  gemm.mutable_gemm()->mutable_a()->set_data(RandomBytes(300, rng));
+  gemm.mutable_gemm()->mutable_b()->set_data(RandomBytes(200, rng));
+  v1::BatchRequest gemv;
+  gemv.mutable_gemv()->mutable_x()->set_data(RandomBytes(100, rng));
+  v1::BatchRequest reduce;
+  reduce.mutable_reduce()->mutable_input()->set_data(RandomBytes(400, rng));
+  reduce.set_id("last");
+  const std::string cases[] = {
+      gemm.SerializeAsString() + gemv.SerializeAsString(),
+      gemv.SerializeAsString() + gemm.SerializeAsString() + reduce.SerializeAsString(),
+      gemm.SerializeAsString() + gemm.SerializeAsString(),  // the same member: merged
+      reduce.SerializeAsString() + gemm.SerializeAsString() + reduce.SerializeAsString(),
+  };
+  for (const std::string& bytes : cases) {
+    v1::BatchRequest reference;
+    ASSERT_TRUE(reference.ParseFromString(bytes));
+    for (int trial = 0; trial < 10; ++trial) {
+      v1::BatchRequest got;
+      std::vector<ExternalField> external;
+      ASSERT_TRUE(Parse(Sliced(bytes, rng), &got, &external, 50).ok());
+      for (const ExternalField& e : external) EXPECT_GE(e.bytes.size(), 50);
+      // gemm: a and b (a later value of each replacing the earlier); else
+      // the one operand of the last member.
+      EXPECT_EQ(external.size(), reference.has_gemm() ? 2u : 1u);
+      Materialize(&external);
+      EXPECT_TRUE(MessageDifferencer::Equals(got, reference));
+    }
+  }
+}
+
 TEST(WireSerialize, AttachmentsReadBackByProtobuf) {
   std::mt19937 rng(9);
   for (int trial = 0; trial < 10; ++trial) {
