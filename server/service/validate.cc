@@ -78,6 +78,13 @@ absl::StatusOr<TensorView> ResolveTensor(const v1::Tensor& tensor, absl::string_
         absl::StrCat(field, ".data"),
         absl::StrCat("expected no bytes beside a handle but got ", tensor.data().size()));
   }
+  // No resident tensor has a longer shape; one is refused before it would
+  // be echoed in a message below.
+  if (tensor.shape_size() > kMaxTensorRank) {
+    return Invalid(absl::StrCat(field, ".shape"),
+                   absl::StrCat("rank ", tensor.shape_size(), " exceeds the largest supported, ",
+                                kMaxTensorRank));
+  }
   ASSIGN_OR_RETURN(TensorView view,
                    handles->Resolve(tensor.handle(), absl::StrCat(field, ".handle")));
   if (tensor.dtype() != v1::DTYPE_UNSPECIFIED) {
