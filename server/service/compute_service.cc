@@ -160,6 +160,24 @@ ComputeService::Call ComputeService::StartCall(grpc::CallbackServerContext* cont
   return Call{context, absl::Now(), absl::FromChrono(context->deadline()), OwnerOf(*context)};
 }
 
+bool ComputeService::Abandoned(const Call& call) const {
+  return cancel_operations_.load(std::memory_order_relaxed) || call.context->IsCancelled() ||
+         absl::Now() >= call.deadline;
+}
+
+absl::Status ComputeService::AbandonedStatus(const Call& call, absl::string_view when) const {
+  if (cancel_operations_.load(std::memory_order_relaxed)) {
+    return absl::UnavailableError(
+        absl::StrCat("the server is shutting down and stopped the operation ", when,
+                     " (--shutdown_timeout); retry on another replica"));
+  }
+  if (call.context->IsCancelled()) return absl::CancelledError("the call was cancelled");
+  if (absl::Now() >= call.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("the deadline passed ", when));
+  }
+  return absl::OkStatus();
+}
+
 void ComputeService::ReleaseTicket(Admission::Ticket& ticket) {
   if (ticket.bytes() == 0) return;
   metrics_->AddInflightBytes(-ticket.bytes());
@@ -210,31 +228,38 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     }
     ~QueueSlot() { Leave(); }
   } slot{this};
+  // An operation whose caller left while it waited for a worker is not
+  // even decoded.
+  RETURN_IF_ERROR(AbandonedStatus(call, "before the operation started"));
   const absl::Time decode_start = absl::Now();
   StoreResolver handles(engine_->store(), call.owner);
   ASSIGN_OR_RETURN(const auto spec, Parse(request, options_.limits, &handles));
   const double decode_seconds = SecondsSince(decode_start);
-  grpc::CallbackServerContext* context = call.context;
   const absl::Time admit_by = AdmissionDeadline(call);
-  absl::StatusOr<Admission::Ticket> admitted = admission_->Admit(
-      FootprintBytes(spec), admit_by, [context] { return context->IsCancelled(); });
+  // Asked by admission while it waits, by the engine before each shard and
+  // by CPU kernels between blocks: all of them within this function.
+  const CancelCheck abandoned = [this, &call] { return Abandoned(call); };
+  absl::StatusOr<Admission::Ticket> admitted =
+      admission_->Admit(FootprintBytes(spec), admit_by, abandoned);
   const double queue_seconds = SecondsSince(call.accepted) - decode_seconds;
   if (!admitted.ok()) {
     metrics_->ObserveQueue(queue_seconds);
+    if (absl::IsCancelled(admitted.status())) {
+      RETURN_IF_ERROR(AbandonedStatus(call, "before the operation started"));
+    }
     return admitted.status();
   }
   *ticket = *std::move(admitted);
   metrics_->AddInflightBytes(ticket->bytes());
   slot.Leave();
-  if (context->IsCancelled()) return absl::CancelledError("the call was cancelled");
-  if (absl::Now() >= call.deadline) {
-    metrics_->ObserveQueue(queue_seconds);
-    return absl::DeadlineExceededError("the deadline passed before the operation started");
+  if (absl::Status gone = AbandonedStatus(call, "before the operation started"); !gone.ok()) {
+    if (!absl::IsCancelled(gone)) metrics_->ObserveQueue(queue_seconds);
+    return gone;
   }
   // The devices' own admission waits no longer than the server's.
   CallContext call_context;
   call_context.deadline = admit_by;
-  call_context.cancelled = [context] { return context->IsCancelled(); };
+  call_context.cancelled = abandoned;
   call_context.owner = call.owner;
   call_context.resident = handles.held();
   absl::StatusOr<OpResult> result = Run(*engine_, spec, call_context);
@@ -242,6 +267,10 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   metrics_->ObserveQueue(queue_seconds + (result.ok() ? result->device_wait_seconds : 0));
   if (!result.ok()) {
     if (on_no_healthy_device_ && !engine_->AnyHealthy()) on_no_healthy_device_();
+    // Stopped part-way: say why.
+    if (absl::IsCancelled(result.status())) {
+      RETURN_IF_ERROR(AbandonedStatus(call, "while the operation ran"));
+    }
     return result.status();
   }
   const absl::Time encode_start = absl::Now();
@@ -250,10 +279,7 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   // dropped unpublished instead. (A caller that goes just after this still
   // leaves its results to the lease.)
   const bool kept = result->kept_output != nullptr || result->kept_lse != nullptr;
-  if (kept && context->IsCancelled()) return absl::CancelledError("the call was cancelled");
-  if (kept && absl::Now() >= call.deadline) {
-    return absl::DeadlineExceededError("the deadline passed while the operation ran");
-  }
+  if (kept) RETURN_IF_ERROR(AbandonedStatus(call, "while the operation ran"));
   if (result->kept_output != nullptr) engine_->store().Publish(result->kept_output);
   if (result->kept_lse != nullptr) engine_->store().Publish(result->kept_lse);
   FillResponse(*result, response);
