@@ -1,7 +1,10 @@
-// Routes GEMM requests to the SIMT or the tensor-core ladder (see gemm.h).
+// Routes GEMM requests to the SIMT or the tensor-core ladder or to the vendor
+// fallback (see gemm.h); the default's choice is heuristics/gemm_heuristics.h.
 #include <algorithm>
 
 #include "gpucompute/kernels/gemm.h"
+#include "heuristics/gemm_heuristics.h"
+#include "launch_util.h"
 
 namespace gpucompute::kernels {
 namespace {
@@ -10,15 +13,43 @@ bool Contains(const std::vector<std::string>& v, std::string_view name) {
   return std::find(v.begin(), v.end(), name) != v.end();
 }
 
-// True when the request belongs to the SIMT ladder.
+bool IsVendor(std::string_view variant) { return variant == kGemmVendorVariant; }
+
+// True when the request belongs to the SIMT ladder (a vendor request never).
 bool UseSimt(const GemmArgs& args, std::string_view variant) {
   if (!variant.empty()) return Contains(GemmSimtVariants(), variant);
   return args.ab_type == DType::kF32 && !args.allow_tf32;
 }
 
 bool Known(std::string_view variant) {
-  return variant.empty() || Contains(GemmSimtVariants(), variant) ||
+  return variant.empty() || IsVendor(variant) || Contains(GemmSimtVariants(), variant) ||
          Contains(GemmTcVariants(), variant);
+}
+
+// The variant the empty one stands for: what the heuristics pick when it
+// takes the arguments (the vendor fallback or a rung by name), else "" (the
+// dtype's ladder picks).
+std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
+  if (!variant.empty()) return variant;
+  GemmShape s;
+  s.m = args.m;
+  s.n = args.n;
+  s.k = args.k;
+  s.batch = args.batch;
+  s.ab = args.ab_type;
+  s.tf32 = args.ab_type == DType::kF32 && args.allow_tf32;
+  s.trans_a = args.trans_a;
+  s.trans_b = args.trans_b;
+  s.tma_ok = !UseSimt(args, "") && CanImplementGemmTc(args, "wgmma_persistent");
+  // The ladders cannot read C from elsewhere: the vendor must take c_in.
+  const bool needs_vendor = args.beta != 0 && args.c_in != nullptr && args.c_in != args.c;
+  s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args));
+  s.sms = SmCount();
+  if (needs_vendor) return s.vendor_ok ? kGemmVendorVariant : "";
+  const std::string_view chosen = ChooseGemmVariant(s);
+  // A rung that refuses these arguments leaves the choice to its ladder.
+  if (!chosen.empty() && !IsVendor(chosen) && !CanImplementGemm(args, chosen)) return "";
+  return chosen;
 }
 
 }  // namespace
@@ -27,6 +58,7 @@ const std::vector<std::string>& GemmVariants() {
   static const std::vector<std::string> all = [] {
     std::vector<std::string> v = GemmSimtVariants();
     for (const auto& name : GemmTcVariants()) v.push_back(name);
+    v.push_back(kGemmVendorVariant);
     return v;
   }();
   return all;
@@ -34,12 +66,16 @@ const std::vector<std::string>& GemmVariants() {
 
 Support CanImplementGemm(const GemmArgs& args, std::string_view variant) {
   if (!Known(variant)) return Support::No("unknown gemm variant '" + std::string(variant) + "'");
+  variant = Resolve(args, variant);
+  if (IsVendor(variant)) return CanImplementGemmVendor(args);
   return UseSimt(args, variant) ? CanImplementGemmSimt(args, variant)
                                 : CanImplementGemmTc(args, variant);
 }
 
 size_t GemmWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
   if (!Known(variant)) return 0;
+  variant = Resolve(args, variant);
+  if (IsVendor(variant)) return GemmVendorWorkspaceBytes(args);
   return UseSimt(args, variant) ? GemmSimtWorkspaceBytes(args, variant)
                                 : GemmTcWorkspaceBytes(args, variant);
 }
@@ -47,8 +83,17 @@ size_t GemmWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
 cudaError_t LaunchGemm(const GemmArgs& args, std::string_view variant, void* workspace,
                        cudaStream_t stream) {
   if (!Known(variant)) return cudaErrorInvalidValue;
+  variant = Resolve(args, variant);
+  if (IsVendor(variant)) return LaunchGemmVendor(args, workspace, stream);
   return UseSimt(args, variant) ? LaunchGemmSimt(args, variant, workspace, stream)
                                 : LaunchGemmTc(args, variant, workspace, stream);
+}
+
+std::string GemmVariantName(const GemmArgs& args, std::string_view variant) {
+  if (!variant.empty()) return std::string(variant);
+  variant = Resolve(args, variant);
+  if (!variant.empty()) return std::string(variant);
+  return UseSimt(args, "") ? GemmSimtDefaultRung(args) : GemmTcDefaultRung(args);
 }
 
 }  // namespace gpucompute::kernels

@@ -778,6 +778,8 @@ Support CheckArgs(const GemmArgs& args) {
     return Support::No("negative batch stride");
   if (args.batch > 1 && args.stride_c == 0)
     return Support::No("stride_c 0 with batch > 1 would write one C from several batch entries");
+  if (args.beta != 0 && args.c_in != nullptr && args.c_in != args.c)
+    return Support::No("gemm_simt reads C where it writes it (c_in is the vendor fallback's)");
   if (CeilDiv(args.m, 8) * CeilDiv(args.n, 32) > INT_MAX)
     return Support::No("too many tiles for one grid");
   return Support::Yes();
@@ -788,6 +790,11 @@ Support CheckArgs(const GemmArgs& args) {
 const std::vector<std::string>& GemmSimtVariants() {
   static const std::vector<std::string> names(std::begin(kRungNames), std::end(kRungNames));
   return names;
+}
+
+std::string GemmSimtDefaultRung(const GemmArgs& args) {
+  if (!CheckArgs(args)) return kRungNames[static_cast<int>(Rung::kWarptile)];
+  return kRungNames[static_cast<int>(MakePlan(args, Rung::kWarptile, true, SmCount()).rung)];
 }
 
 Support CanImplementGemmSimt(const GemmArgs& args, std::string_view variant) {

@@ -118,6 +118,8 @@ Support CheckCommon(const GemmArgs& a) {
   if (a.lda < std::max<int64_t>(1, a.trans_a ? a.m : a.k)) return Support::No("lda too small");
   if (a.ldb < std::max<int64_t>(1, a.trans_b ? a.k : a.n)) return Support::No("ldb too small");
   if (a.ldc < std::max<int64_t>(1, a.n)) return Support::No("ldc too small");
+  if (a.beta != 0 && a.c_in != nullptr && a.c_in != a.c)
+    return Support::No("gemm_tc reads C where it writes it (c_in is the vendor fallback's)");
   const bool work = a.m > 0 && a.n > 0 && a.batch > 0;
   if (work && a.c == nullptr) return Support::No("C is null");
   if (work && a.k > 0 && (a.a == nullptr || a.b == nullptr)) return Support::No("A or B is null");
@@ -350,6 +352,10 @@ Rung DefaultRung(const GemmArgs& a) {
 const std::vector<std::string>& GemmTcVariants() {
   static const std::vector<std::string> names(std::begin(kRungNames), std::end(kRungNames));
   return names;
+}
+
+std::string GemmTcDefaultRung(const GemmArgs& args) {
+  return kRungNames[static_cast<int>(DefaultRung(args))];
 }
 
 Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant) {

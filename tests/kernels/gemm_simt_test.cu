@@ -33,10 +33,10 @@ struct GemmCase {
   bool trans_a = false, trans_b = false;
   int64_t batch = 1;
   float alpha = 1.f, beta = 0.f;
-  int64_t pad = 0;            // extra elements per row of A, B and C
-  size_t offset_bytes = 0;    // base pointers shifted by this many bytes
-  bool share_a = false;       // stride_a = 0 (one A for the whole batch)
-  bool share_b = false;       // stride_b = 0
+  int64_t pad = 0;          // extra elements per row of A, B and C
+  size_t offset_bytes = 0;  // base pointers shifted by this many bytes
+  bool share_a = false;     // stride_a = 0 (one A for the whole batch)
+  bool share_b = false;     // stride_b = 0
 };
 
 std::string CaseName(const GemmCase& c) {
@@ -49,7 +49,7 @@ std::string CaseName(const GemmCase& c) {
 std::vector<GemmCase> Cases() {
   std::vector<GemmCase> cases;
   // 4095x4093x67 is where the dispatcher picks the largest (256x128) tile.
-  const int64_t shapes[][3] = {{1, 1, 1},          {7, 13, 5},         {127, 129, 31},
+  const int64_t shapes[][3] = {{1, 1, 1},         {7, 13, 5},       {127, 129, 31},
                                {1000, 3000, 777}, {4095, 4093, 67}, {4097, 4095, 4099}};
   for (const auto& s : shapes)
     for (int t = 0; t < 4; ++t) {
@@ -207,8 +207,10 @@ TEST_P(GemmSimtTest, MatchesFloat64Reference) {
   ASSERT_NE(out.get(), nullptr);
   a.Upload(ref.a->bytes.data());
   b.Upload(ref.b->bytes.data());
-  if (ref.c0) out.Upload(ref.c0->bytes.data());
-  else out.Poison();
+  if (ref.c0)
+    out.Upload(ref.c0->bytes.data());
+  else
+    out.Poison();
 
   GemmArgs args;
   args.m = c.m, args.n = c.n, args.k = c.k, args.batch = c.batch;
@@ -216,12 +218,23 @@ TEST_P(GemmSimtTest, MatchesFloat64Reference) {
   args.b = b.get(), args.ldb = l.ldb, args.stride_b = l.stride_b, args.trans_b = c.trans_b;
   args.c = out.get(), args.ldc = l.ldc, args.stride_c = l.stride_c;
   args.alpha = c.alpha, args.beta = c.beta;
-  const kernels::Support support = kernels::CanImplementGemmSimt(args, variant);
-  if (!support) GTEST_SKIP() << support.reason;
+  // "dispatch": the dispatcher's default (heuristics: the ladder or the
+  // vendor fallback); "cublaslt": the fallback itself; the rest: the ladder.
+  const bool dispatch = variant == "dispatch" || variant == kernels::kGemmVendorVariant;
+  const std::string_view named = variant == "dispatch" ? std::string_view() : variant;
+  const kernels::Support support = dispatch ? kernels::CanImplementGemm(args, named)
+                                            : kernels::CanImplementGemmSimt(args, variant);
+  if (!support) {
+    ASSERT_NE(variant, "dispatch") << "the default must take every shape: " << support.reason;
+    GTEST_SKIP() << support.reason;
+  }
 
-  const size_t ws_bytes = kernels::GemmSimtWorkspaceBytes(args, variant);
+  const size_t ws_bytes = dispatch ? kernels::GemmWorkspaceBytes(args, named)
+                                   : kernels::GemmSimtWorkspaceBytes(args, variant);
   DeviceArray ws(ws_bytes);
-  GC_ASSERT_CUDA(kernels::LaunchGemmSimt(args, variant, ws_bytes ? ws.get() : nullptr, nullptr));
+  void* workspace = ws_bytes ? ws.get() : nullptr;
+  GC_ASSERT_CUDA(dispatch ? kernels::LaunchGemm(args, named, workspace, nullptr)
+                          : kernels::LaunchGemmSimt(args, variant, workspace, nullptr));
   GC_ASSERT_CUDA(cudaDeviceSynchronize());
 
   std::vector<float> got(l.count_c);
@@ -255,16 +268,19 @@ TEST_P(GemmSimtTest, MatchesFloat64Reference) {
 std::vector<std::string> VariantsAndAuto() {
   std::vector<std::string> v = kernels::GemmSimtVariants();
   v.push_back("");
+  v.push_back("dispatch");
+  v.push_back(kernels::kGemmVendorVariant);
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ladder, GemmSimtTest, ::testing::Combine(::testing::ValuesIn(VariantsAndAuto()),
-                                             ::testing::ValuesIn(Cases())),
-    [](const ::testing::TestParamInfo<GemmSimtTest::ParamType>& info) {
-      const std::string& v = std::get<0>(info.param);
-      return (v.empty() ? std::string("auto") : v) + "_" + CaseName(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Ladder, GemmSimtTest,
+                         ::testing::Combine(::testing::ValuesIn(VariantsAndAuto()),
+                                            ::testing::ValuesIn(Cases())),
+                         [](const ::testing::TestParamInfo<GemmSimtTest::ParamType>& info) {
+                           const std::string& v = std::get<0>(info.param);
+                           return (v.empty() ? std::string("auto") : v) + "_" +
+                                  CaseName(std::get<1>(info.param));
+                         });
 
 // Argument checks need no device.
 TEST(GemmSimtArgs, RefusesNonF32AndUnknownVariants) {

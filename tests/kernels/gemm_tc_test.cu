@@ -31,6 +31,7 @@ struct Case {
   int misalign = 0;      // elements added to A's base pointer
   int pad = 0;           // elements added to every leading dimension
   bool share_b = false;  // stride_b = 0: one B for the whole batch
+  bool c_apart = false;  // beta * C read from its own buffer (c_in), C poisoned
 };
 
 std::string Name(const Case& c) {
@@ -41,6 +42,7 @@ std::string Name(const Case& c) {
   s += std::string("_") + (c.ab == DType::kF32 ? "tf32" : kernels::DTypeName(c.ab));
   s += std::string("_c") + kernels::DTypeName(c.c);
   if (c.beta != 0.f) s += "_beta";
+  if (c.c_apart) s += "_cin";
   if (c.misalign) s += "_misaligned";
   if (c.pad) s += "_pad" + std::to_string(c.pad);
   return s;
@@ -78,8 +80,8 @@ void FillRandom(void* bytes, std::vector<float>& vals, size_t n, DType t, uint64
 struct Data {
   std::string key;
   int64_t lda, ldb, ldc, stride_a, stride_b, stride_c;
-  std::unique_ptr<DeviceArray> a, b, c;
-  std::vector<uint8_t> c0;  // initial C bytes (random when beta != 0, else 0xFF)
+  std::unique_ptr<DeviceArray> a, b, c, c_in;
+  std::vector<uint8_t> c0;   // initial C bytes (random when beta != 0, else 0xFF)
   std::vector<int64_t> idx;  // checked element offsets into C
   std::vector<double> ref, tol;
 };
@@ -100,9 +102,12 @@ Data& GetData(const Case& cs) {
   d.stride_b = cs.batch > 1 && !cs.share_b ? rows_b * d.ldb : 0;
   d.stride_c = cs.batch > 1 ? cs.m * d.ldc : 0;
   const size_t ea = kernels::DTypeSize(cs.ab), ec = kernels::DTypeSize(cs.c);
-  const size_t na = size_t(std::max<int64_t>(1, cs.batch > 1 ? cs.batch * d.stride_a : rows_a * d.lda));
-  const size_t nb = size_t(std::max<int64_t>(1, d.stride_b ? cs.batch * d.stride_b : rows_b * d.ldb));
-  const size_t nc = size_t(std::max<int64_t>(1, cs.batch > 1 ? cs.batch * d.stride_c : cs.m * d.ldc));
+  const size_t na =
+      size_t(std::max<int64_t>(1, cs.batch > 1 ? cs.batch * d.stride_a : rows_a * d.lda));
+  const size_t nb =
+      size_t(std::max<int64_t>(1, d.stride_b ? cs.batch * d.stride_b : rows_b * d.ldb));
+  const size_t nc =
+      size_t(std::max<int64_t>(1, cs.batch > 1 ? cs.batch * d.stride_c : cs.m * d.ldc));
 
   std::vector<uint8_t> ha(na * ea), hb(nb * ea), hc(nc * ec, 0xFF);
   std::vector<float> va, vb, vc;
@@ -121,6 +126,11 @@ Data& GetData(const Case& cs) {
   d.a = std::make_unique<DeviceArray>(na * ea, size_t(cs.misalign) * ea);
   d.b = std::make_unique<DeviceArray>(nb * ea);
   d.c = std::make_unique<DeviceArray>(nc * ec);
+  if (cs.c_apart) {  // C's values go to c_in; C itself starts as NaN
+    d.c_in = std::make_unique<DeviceArray>(nc * ec);
+    d.c_in->Upload(hc.data());
+    d.c0.assign(nc * ec, 0xFF);
+  }
   d.a->Upload(ha.data());
   d.b->Upload(hb.data());
 
@@ -199,14 +209,29 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
   args.alpha = cs.alpha;
   args.beta = cs.beta;
   args.allow_tf32 = cs.ab == DType::kF32;
+  if (cs.c_apart) {
+    args.c_in = d.c_in->get();
+    args.stride_c_in = d.stride_c;
+  }
 
-  const kernels::Support s = kernels::CanImplementGemmTc(args, cs.variant);
+  // "" is the dispatcher's default (heuristics: a rung or the vendor
+  // fallback), "ladder" the ladder's own choice, "cublaslt" the fallback.
+  const bool ladder = cs.variant != "" && cs.variant != kernels::kGemmVendorVariant;
+  const std::string_view rung = cs.variant == "ladder" ? std::string_view() : cs.variant;
+  const kernels::Support s = ladder ? kernels::CanImplementGemmTc(args, rung)
+                                    : kernels::CanImplementGemm(args, cs.variant);
   if (!s) {
-    ASSERT_FALSE(cs.variant.empty()) << "the ladder's own choice must take every shape: " << s.reason;
+    ASSERT_FALSE(cs.variant.empty() || (cs.variant == "ladder" && !cs.c_apart))
+        << "the default must take every shape: " << s.reason;
     GTEST_SKIP() << cs.variant << " refuses: " << s.reason;
   }
+  const size_t ws_bytes = ladder ? 0 : kernels::GemmWorkspaceBytes(args, cs.variant);
+  static std::unique_ptr<DeviceArray> ws;
+  if (ws_bytes > 0 && (!ws || ws->bytes() < ws_bytes)) ws = std::make_unique<DeviceArray>(ws_bytes);
+  void* workspace = ws_bytes > 0 ? ws->get() : nullptr;
   d.c->Upload(d.c0.data());
-  GC_ASSERT_CUDA(kernels::LaunchGemmTc(args, cs.variant, nullptr, nullptr));
+  GC_ASSERT_CUDA(ladder ? kernels::LaunchGemmTc(args, rung, nullptr, nullptr)
+                        : kernels::LaunchGemm(args, cs.variant, workspace, nullptr));
   GC_ASSERT_CUDA(cudaDeviceSynchronize());
   std::vector<uint8_t> out(d.c->bytes());
   d.c->Download(out.data());
@@ -235,8 +260,9 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
 
 std::vector<Case> AllCases() {
   const std::vector<std::string> variants = {
-      "mma_sync",      "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
-      "wgmma_cluster_persistent", ""};
+      "mma_sync",         "wgmma_tma",     "wgmma_ws",
+      "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent",
+      "ladder",           "cublaslt",      ""};
   const std::vector<std::pair<DType, DType>> types = {{DType::kBF16, DType::kBF16},
                                                       {DType::kBF16, DType::kF32},
                                                       {DType::kF16, DType::kF16},
@@ -244,13 +270,13 @@ std::vector<Case> AllCases() {
                                                       {DType::kF32, DType::kF32}};
   std::vector<Case> shapes;
   auto add = [&](Case c) { shapes.push_back(c); };
-  add({"", 128, 256, 64});             // exactly one wgmma tile
-  add({"", 264, 520, 200});            // ragged tiles, K not a multiple of the stage
-  add({"", 200, 136, 8});              // K = 8
-  add({"", 1, 1000, 512});             // M = 1
-  add({"", 300, 1, 136});              // N = 1
-  add({"", 1000, 3000, 777});          // odd K: leading dimensions TMA cannot take
-  add({"", 2056, 3080, 2072});         // many tiles, ragged edges, TMA-friendly
+  add({"", 128, 256, 64});      // exactly one wgmma tile
+  add({"", 264, 520, 200});     // ragged tiles, K not a multiple of the stage
+  add({"", 200, 136, 8});       // K = 8
+  add({"", 1, 1000, 512});      // M = 1
+  add({"", 300, 1, 136});       // N = 1
+  add({"", 1000, 3000, 777});   // odd K: leading dimensions TMA cannot take
+  add({"", 2056, 3080, 2072});  // many tiles, ragged edges, TMA-friendly
   {
     Case c{"", 136, 264, 96};
     c.batch = 3;
@@ -265,6 +291,17 @@ std::vector<Case> AllCases() {
     c.beta = -0.75f;
     c.pad = 8;
     add(c);  // alpha/beta, padded rows
+  }
+  {
+    Case c{"", 136, 264, 96};
+    c.batch = 3;
+    c.alpha = 0.5f;
+    c.beta = 2.f;
+    c.c_apart = true;
+    add(c);  // C read from c_in (the vendor fallback's fused addend)
+    c.batch = 2;
+    c.share_b = true;
+    add(c);  // ... with B shared by the batch (stride 0)
   }
   {
     Case c{"", 96, 200, 64};
@@ -292,7 +329,7 @@ std::vector<Case> AllCases() {
   // The issue's large odd shape: the fallback rung on TMA-hostile sizes.
   for (const auto& [ab, ct] : types)
     for (int tb = 0; tb < 2; ++tb)
-      for (const std::string v : {"mma_sync", ""}) {
+      for (const std::string v : {"mma_sync", "cublaslt", ""}) {
         Case c{v, 4097, 4095, 4099};
         c.ab = ab;
         c.c = ct;
@@ -303,7 +340,9 @@ std::vector<Case> AllCases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ladder, GemmTcTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return Name(info.param); });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return Name(info.param);
+                         });
 
 // --- API contract (no GPU needed) -------------------------------------------------
 
@@ -319,9 +358,8 @@ GemmArgs SmallArgs() {
 
 TEST(GemmTcApi, ListsEveryRung) {
   const auto& v = kernels::GemmTcVariants();
-  for (const char* name :
-       {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
-        "wgmma_cluster_persistent"})
+  for (const char* name : {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
+                           "wgmma_cluster_persistent"})
     EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
 }
 

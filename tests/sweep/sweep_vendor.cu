@@ -215,6 +215,52 @@ double Vendor::TimeGemv(const void* a, const void* x, void* y, int64_t m, int64_
   return best;
 }
 
+double Vendor::TimeGemm(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k,
+                        int64_t batch, int64_t stride_a, int64_t stride_b, bool trans_a,
+                        bool trans_b, DType ab, DType c_type, bool tf32, float alpha, float beta,
+                        std::string* which) {
+  // Row-major C [m, n] is column-major C^T = op(B)^T op(A)^T: B first.
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const int lda = int(trans_a ? m : k), ldb = int(trans_b ? k : n);
+  const size_t c_bytes = size_t(batch * m * n) * DTypeSize(c_type);
+  *which = "cublasGemmStridedBatchedEx";
+  auto call = [&] {
+    return cublasGemmStridedBatchedEx(
+               impl_->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+               trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b, CudaType(ab),
+               ldb, stride_b, a, CudaType(ab), lda, stride_a, &beta, c, CudaType(c_type), int(n),
+               m * n, int(batch), compute, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  };
+  if (beta == 0) return impl_->Time(call);
+  // beta's addend, restored before every call outside the timing.
+  void* c0 = nullptr;
+  SWEEP_CUDA(cudaMalloc(&c0, c_bytes));
+  SWEEP_CUDA(cudaMemcpy(c0, c, c_bytes, cudaMemcpyDeviceToDevice));
+  DeviceTimer& timer = DeviceTimer::Get();
+  std::vector<double> s;
+  bool ok = true;
+  for (int i = 0; ok && i < impl_->warmup + impl_->reps; ++i) {
+    SWEEP_CUDA(cudaMemcpyAsync(c, c0, c_bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+    timer.Begin();
+    ok = call();
+    const double t = timer.End();
+    if (ok && i >= impl_->warmup) s.push_back(t);
+  }
+  // The result left in C is that of one call on the addend.
+  SWEEP_CUDA(cudaMemcpy(c, c0, c_bytes, cudaMemcpyDeviceToDevice));
+  if (ok) ok = call();
+  SWEEP_CUDA(cudaStreamSynchronize(impl_->stream));
+  cudaFree(c0);
+  if (!ok || s.empty()) return -1;
+  std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+  return s[s.size() / 2];
+}
+
+void Vendor::SetReps(int warmup, int reps) {
+  impl_->warmup = warmup;
+  impl_->reps = reps;
+}
+
 namespace {
 template <typename T>
 double ReduceTyped(Vendor::Impl* v, const T* in, float* out, int64_t outer, int64_t axis, bool max,

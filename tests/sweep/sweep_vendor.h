@@ -57,6 +57,14 @@ class Vendor {
   // cublasGemmEx (fp32 compute); `*which` names it.
   double TimeGemv(const void* a, const void* x, void* y, int64_t m, int64_t k, int ncols,
                   bool trans_a, DType dtype, std::string* which);
+  // C = alpha op(A) op(B) + beta C, row-major, strided batch (stride 0: one
+  // matrix for the batch), with cublasGemmStridedBatchedEx (fp32 compute;
+  // tf32 tensor cores when `tf32`): the call torch.matmul makes. C holds
+  // beta's addend before the first call (kept for every later one: beta != 0
+  // runs read a copy restored before each call, outside the timing).
+  double TimeGemm(const void* a, const void* b, void* c, int64_t m, int64_t n, int64_t k,
+                  int64_t batch, int64_t stride_a, int64_t stride_b, bool trans_a, bool trans_b,
+                  DType ab, DType c_type, bool tf32, float alpha, float beta, std::string* which);
   // Sum or max of [outer, axis] rows (outer = 1: all elements) into fp32 `out`
   // with CUB (DeviceReduce or DeviceSegmentedReduce). inner must be 1.
   double TimeReduce(const void* in, float* out, int64_t outer, int64_t axis, bool max, DType dtype,
@@ -65,6 +73,8 @@ class Vendor {
   // MatrixTransform, or cublasSgeam for fp32 with batch 1, the faster.
   double TimeTranspose(const void* in, void* out, int64_t batch, int64_t rows, int64_t cols,
                        DType dtype, std::string* which);
+  // Changes the counts of later Time* calls (long cases take fewer).
+  void SetReps(int warmup, int reps);
   // A D2D copy of `bytes` (the floor of any pass that reads and writes them).
   double TimeCopy(void* dst, const void* src, size_t bytes);
 

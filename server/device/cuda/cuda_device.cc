@@ -104,16 +104,24 @@ std::string ScaleOnHost(const void* src, DType src_t, double beta, DType out_t, 
   return out;
 }
 
-// A dense device buffer of `n` elements of `from` converted to `to` through
-// the host (for output dtypes the kernels cannot write), written into `out`
-// as `rows` rows (n / rows elements each) at byte `offset`, row i at offset
-// + i * pitch.
+// A dense device buffer of `n` elements of `from` converted to `to` on the
+// device (for output dtypes the kernels cannot write), written into `out` as
+// `rows` rows (n / rows elements each) at byte `offset`, row i at offset +
+// i * pitch: straight into out's memory when it lives here and the rows are
+// dense there, else through a buffer copied out.
 absl::Status ConvertOut(ShardScope& scope, const void* src, DType from, DType to, int64_t n,
                         const OutputView& out, int64_t offset, size_t rows, size_t pitch) {
-  std::string host(size_t(n) * DTypeSize(from), '\0');
-  RETURN_IF_ERROR(scope.Download(host.data(), 0, src, 1, host.size()));
-  const std::string converted = ConvertHost(from, host.data(), to, n);
-  return scope.WriteOut(out, offset, pitch, converted.data(), rows, converted.size() / rows);
+  const size_t row_bytes = size_t(n) * DTypeSize(to) / rows;
+  void* dst = scope.InPlace(out, offset);
+  const bool direct = dst != nullptr && (rows == 1 || pitch == row_bytes);
+  if (!direct) {
+    ASSIGN_OR_RETURN(dst, scope.Alloc(size_t(n) * DTypeSize(to)));
+  }
+  RETURN_IF_ERROR(
+      scope.Check(k::LaunchConvert(src, ToKernel(from), dst, ToKernel(to), n, scope.stream()),
+                  "result dtype conversion"));
+  if (direct) return absl::OkStatus();
+  return scope.CopyOut(out, offset, pitch, dst, rows, row_bytes);
 }
 
 // The error for arguments the kernels refuse: it names options.variant when a
@@ -409,21 +417,38 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputV
   const size_t ec = DTypeSize(c_t);
 
   if (s.beta != 0 && s.c.has_value()) {
+    // This shard's rows of C, [batch_c][mr][n] in the input dtype.
     const int64_t batch_c = s.c_batched ? s.batch : 1;
-    TensorView c_in = *s.c;
-    std::string converted;
-    if (c_t != s.dtype) {
-      ASSIGN_OR_RETURN(std::string host,
-                       scope.HostCopy(*s.c, 0, 1, size_t(batch_c * s.m * s.n) * es, 0));
-      converted = ConvertHost(s.dtype, host.data(), c_t, batch_c * s.m * s.n);
-      c_in.data = converted.data();
-      c_in.device = kHostMemory;
+    const int64_t c_offset = rows.begin * s.n * int64_t(es);
+    const size_t c_rows = size_t(mr * s.n) * es, c_pitch = size_t(s.m * s.n) * es;
+    bool fused = false;
+    if (c_t == s.dtype && (variant.empty() || variant == k::kGemmVendorVariant)) {
+      // The vendor fallback reads beta * C where it lies: no copy into C.
+      ASSIGN_OR_RETURN(args.c_in, scope.Input(*s.c, c_offset, size_t(batch_c), c_rows, c_pitch));
+      args.stride_c_in = batch_c > 1 ? mr * s.n : 0;
+      fused = static_cast<bool>(k::CanImplementGemm(args, variant));
+      if (!fused) {
+        args.c_in = nullptr;
+        args.stride_c_in = 0;
+      }
     }
-    for (int64_t i = 0; i < s.batch; ++i) {
-      const int64_t src_batch = s.c_batched ? i : 0;
-      RETURN_IF_ERROR(scope.CopyIn(Ptr(args.c, i * args.stride_c * int64_t(ec)), c_in,
-                                   (src_batch * s.m + rows.begin) * s.n * int64_t(ec), 1,
-                                   size_t(mr * s.n) * ec, 0));
+    if (!fused && c_t == s.dtype) {
+      for (int64_t i = 0; i < s.batch; ++i) {
+        const int64_t src_batch = s.c_batched ? i : 0;
+        RETURN_IF_ERROR(scope.CopyIn(Ptr(args.c, i * args.stride_c * int64_t(ec)), *s.c,
+                                     c_offset + src_batch * int64_t(c_pitch), 1, c_rows, 0));
+      }
+    } else if (!fused) {  // converted on the device into the kernel's C dtype
+      ASSIGN_OR_RETURN(const void* c_src,
+                       scope.Input(*s.c, c_offset, size_t(batch_c), c_rows, c_pitch));
+      for (int64_t i = 0; i < s.batch; ++i) {
+        const int64_t src_batch = s.c_batched ? i : 0;
+        RETURN_IF_ERROR(scope.Check(
+            k::LaunchConvert(Ptr(const_cast<void*>(c_src), src_batch * int64_t(c_rows)),
+                             ToKernel(s.dtype), Ptr(args.c, i * args.stride_c * int64_t(ec)),
+                             args.c_type, mr * s.n, scope.stream()),
+            "C dtype conversion"));
+      }
     }
   }
   size_t ws_bytes = k::GemmWorkspaceBytes(args, variant);
@@ -431,6 +456,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputV
   if (ws_bytes) {
     ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
   }
+  const std::string ran = k::GemmVariantName(args, variant);
   RETURN_IF_ERROR(scope.BeginKernels());
   RETURN_IF_ERROR(
       scope.EndKernels(k::LaunchGemm(args, variant, ws, scope.stream()), "gemm launch"));
@@ -444,7 +470,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputV
                                size_t(s.batch), out_pitch));
   }
   RETURN_IF_ERROR(scope.AddKernelTime());
-  return scope.Run(variant);
+  return scope.Run(ran);
 }
 
 absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, OutputView y_out) {

@@ -1,12 +1,16 @@
 // GEMM: C = alpha * op(A) * op(B) + beta * C, row-major, strided batch.
 //
-// Two ladders implement it, each in one file:
-//   src/gemm_simt.cu  exact fp32 on the CUDA cores (FFMA), naive -> warp-tiled;
-//   src/gemm_tc.cu    tensor cores: bf16/fp16 (fp32 accumulate) and fp32 inputs
-//                     in tf32 mode, mma.sync -> TMA + wgmma, warp-specialised.
-// LaunchGemm (src/gemm_dispatch.cc) routes a request to the right ladder: exact
-// fp32 (allow_tf32 false) to SIMT, everything else to the tensor cores, and a
-// variant name to whichever ladder owns it.
+// Two ladders implement it, each in one file, and a vendor fallback:
+//   src/gemm_simt.cu   exact fp32 on the CUDA cores (FFMA), naive -> warp-tiled;
+//   src/gemm_tc.cu     tensor cores: bf16/fp16 (fp32 accumulate) and fp32 inputs
+//                      in tf32 mode, mma.sync -> TMA + wgmma, warp-specialised;
+//   src/gemm_vendor.cc "cublaslt": cublasLtMatmul, for the shape classes where
+//                      our ladders still lose.
+// LaunchGemm (src/gemm_dispatch.cc) routes a request: a variant name to
+// whatever owns it; the empty variant to what src/heuristics/gemm_heuristics.h
+// picks (the vendor fallback, or the ladder of the dtype: exact fp32
+// (allow_tf32 false) to SIMT, everything else to the tensor cores, each with
+// its own choice of rung). GemmVariantName says what ran.
 #ifndef GPUCOMPUTE_KERNELS_GEMM_H_
 #define GPUCOMPUTE_KERNELS_GEMM_H_
 
@@ -42,6 +46,12 @@ struct GemmArgs {
   void* c = nullptr;
   int64_t ldc = 0;
   int64_t stride_c = 0;
+  // When set and beta != 0, beta * C is read from here (ldc, c_type, batch
+  // stride stride_c_in; 0: one C for the whole batch) rather than from c:
+  // the addend fused into the epilogue with no copy into c. Only the vendor
+  // fallback takes it; the ladders refuse it.
+  const void* c_in = nullptr;
+  int64_t stride_c_in = 0;
   DType ab_type = DType::kF32;  // type of A and B
   DType c_type = DType::kF32;   // type of C (read when beta != 0, always written)
   float alpha = 1.f;
@@ -63,8 +73,21 @@ size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant);
 cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,
                          cudaStream_t stream);
 
+// What the empty variant of each ladder runs for `args` (a rung's name).
+std::string GemmSimtDefaultRung(const GemmArgs& args);
+std::string GemmTcDefaultRung(const GemmArgs& args);
+
+// --- Vendor fallback "cublaslt" (src/gemm_vendor.cc): every dtype the ---
+// ladders take (tf32 when allow_tf32), any layout cuBLASLt has an algorithm
+// for; c_in too. Needs GemmVendorWorkspaceBytes of workspace for its full
+// choice of algorithms (null: only those that need none).
+Support CanImplementGemmVendor(const GemmArgs& args);
+size_t GemmVendorWorkspaceBytes(const GemmArgs& args);
+cudaError_t LaunchGemmVendor(const GemmArgs& args, void* workspace, cudaStream_t stream);
+inline constexpr const char* kGemmVendorVariant = "cublaslt";
+
 // --- Dispatcher (src/gemm_dispatch.cc). ---
-// Every variant name of both ladders.
+// Every variant name of both ladders, then the vendor fallback.
 const std::vector<std::string>& GemmVariants();
 // Checks the arguments against the ladder that `variant` (or, when empty, the
 // dtype and allow_tf32) selects.
@@ -75,6 +98,9 @@ size_t GemmWorkspaceBytes(const GemmArgs& args, std::string_view variant);
 // cudaErrorInvalidValue for refused arguments or an unknown variant.
 cudaError_t LaunchGemm(const GemmArgs& args, std::string_view variant, void* workspace,
                        cudaStream_t stream);
+// The name of what LaunchGemm runs for these arguments: `variant` itself when
+// one is named, else the default's choice (a rung's name or "cublaslt").
+std::string GemmVariantName(const GemmArgs& args, std::string_view variant);
 
 }  // namespace gpucompute::kernels
 

@@ -1,0 +1,515 @@
+// gc_sweep_gemm: GEMM through the server's default path on one GPU, against
+// cuBLAS in the same run.
+//
+//   gc_sweep_gemm [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
+//                 [--no-variants]
+//
+// Each case builds the GemmSpec as the service does, operands resident in
+// device memory and the result kept there (options.keep_output), and runs it
+// through the Engine and the CUDA device: planner, admission, every device
+// pass (C's addend or a dtype conversion, workspace, the kernels) and the
+// version the default picks, named as the shard timings name it. Its cost is
+// the device busy time of all the GPU work the request enqueued, from
+// CUPTI's records (device_timer.h), median of --reps requests after
+// --warmup (3 after 1 for cases over 20 ms). Every version of ours that
+// takes the case is forced by name and timed the same way (what
+// kernels/src/heuristics/gemm_heuristics.h is derived from), and the vendor
+// fallback "cublaslt" too. The vendor is cublasGemmStridedBatchedEx (the call
+// torch.matmul makes), timed the same way in the same process. Every default
+// result is checked against the vendor's.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/device/cuda/backend.h"
+#include "server/engine/engine.h"
+#include "tests/sweep/device_timer.h"
+#include "tests/sweep/sweep_vendor.h"
+
+namespace gpucompute::sweep {
+namespace {
+
+using KDType = kernels::DType;
+using D = gpucompute::DType;
+
+KDType K(D t) { return static_cast<KDType>(static_cast<int>(t)); }
+const char* Name(D t) { return t == D::kFloat32 ? "f32" : (t == D::kFloat16 ? "f16" : "bf16"); }
+
+struct Options {
+  std::string json = "sweep-gemm.json";
+  std::string filter;
+  int reps = 10;
+  int warmup = 2;
+  bool variants = true;
+};
+
+// Every version of ours a case may run, and the vendor fallback. The slow
+// rungs of the SIMT ladder (naive .. swizzle) and the one-warpgroup wgmma_tma
+// are left out: they lose everywhere (gemm_simt.md, gemm_tc.md).
+const std::vector<std::string> kTcVariants = {
+    "mma_sync", "wgmma_ws", "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent",
+    "cublaslt"};
+const std::vector<std::string> kSimtVariants = {"warptile", "splitk", "cublaslt"};
+
+struct Case {
+  std::string cls;
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool ta = false, tb = false;
+  D dtype = D::kBFloat16;
+  D out = D::kBFloat16;
+  bool tf32 = false;
+  bool shared_b = false;  // one B for the whole batch
+  double beta = 0;        // with C of the output's shape
+};
+
+struct Row {
+  Case c;
+  std::string shape;
+  double flops = 0;
+  std::string variant;  // what the default ran
+  double ours = -1, ours_span = -1;
+  std::map<std::string, double> forced;
+  std::string vendor;
+  double vendor_s = -1;
+  double error = 0;
+  bool ok = true;
+};
+
+std::string Describe(const Case& c) {
+  std::string s = absl::StrCat(c.m, "x", c.n, "x", c.k);
+  if (c.batch > 1) s = absl::StrCat(c.batch, "*", s, c.shared_b ? " B shared" : "");
+  if (c.ta || c.tb) absl::StrAppend(&s, " ", c.ta ? "T" : "N", c.tb ? "T" : "N");
+  if (c.beta != 0) absl::StrAppend(&s, " beta");
+  return s;
+}
+
+const char* Family(const Case& c) {
+  if (c.dtype != D::kFloat32) return Name(c.dtype);
+  return c.tf32 ? "tf32" : "f32";
+}
+
+class Sweep {
+ public:
+  Sweep(Options options, std::unique_ptr<Engine> engine)
+      : options_(std::move(options)),
+        engine_(std::move(engine)),
+        vendor_(options_.warmup, options_.reps) {
+    call_.owner = "sweep";
+  }
+
+  struct Timed {
+    double seconds = -1, span = -1;
+    std::string variant;
+    std::shared_ptr<ResidentTensor> output;
+    absl::Status status;
+  };
+
+  // One request `warmup + reps` times (fewer for long ones): the median
+  // device busy time, the variant that ran, the last result.
+  Timed Time(const std::function<absl::StatusOr<OpResult>()>& run) {
+    Timed t;
+    std::vector<double> s, spans;
+    DeviceTimer& timer = DeviceTimer::Get();
+    int warmup = options_.warmup, reps = options_.reps;
+    for (int i = 0; i < warmup + reps; ++i) {
+      timer.Begin();
+      absl::StatusOr<OpResult> r = run();
+      double span = -1;
+      const double busy = timer.End(&span);
+      if (!r.ok()) {
+        t.status = r.status();
+        return t;
+      }
+      if (i == 0 && busy > 20e-3) {  // long: 1 warm-up, 3 timed
+        warmup = 1;
+        reps = 3;
+      }
+      std::vector<std::string> names;
+      for (const ShardTiming& shard : r->shards) names.push_back(shard.run.variant);
+      if (i >= warmup) {
+        s.push_back(busy);
+        spans.push_back(span);
+      }
+      t.variant = absl::StrJoin(names, "+");
+      t.output = r->kept_output;
+    }
+    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+    t.seconds = s[s.size() / 2];
+    std::nth_element(spans.begin(), spans.begin() + spans.size() / 2, spans.end());
+    t.span = spans[spans.size() / 2];
+    return t;
+  }
+
+  void Gemm(const Case& c) {
+    Row row;
+    row.c = c;
+    row.shape = Describe(c);
+    const std::string name = absl::StrCat(c.cls, " ", row.shape, " ", Family(c), "->", Name(c.out));
+    if (!options_.filter.empty() && name.find(options_.filter) == std::string::npos) return;
+    row.flops = 2.0 * double(c.batch) * double(c.m) * double(c.n) * double(c.k);
+    const size_t es = DTypeSize(c.dtype), eo = DTypeSize(c.out);
+    const int64_t batch_b = c.shared_b ? 1 : c.batch;
+    DeviceArray a(size_t(c.batch * c.m * c.k) * es), b(size_t(batch_b * c.k * c.n) * es);
+    DeviceArray ref(size_t(c.batch * c.m * c.n) * eo);
+    std::unique_ptr<DeviceArray> cin;
+    Fill(a.get(), c.batch * c.m * c.k, K(c.dtype), Seed());
+    Fill(b.get(), batch_b * c.k * c.n, K(c.dtype), Seed());
+
+    GemmSpec spec;
+    auto shape3 = [&](int64_t batch, int64_t r, int64_t cols) {
+      return batch > 1 ? std::vector<int64_t>{batch, r, cols} : std::vector<int64_t>{r, cols};
+    };
+    spec.a = View(c.dtype, c.ta ? shape3(c.batch, c.k, c.m) : shape3(c.batch, c.m, c.k), a.get());
+    spec.b = View(c.dtype, c.tb ? shape3(batch_b, c.n, c.k) : shape3(batch_b, c.k, c.n), b.get());
+    spec.batch = c.batch;
+    spec.m = c.m;
+    spec.n = c.n;
+    spec.k = c.k;
+    spec.a_batched = c.batch > 1;
+    spec.b_batched = batch_b > 1;
+    spec.trans_a = c.ta;
+    spec.trans_b = c.tb;
+    spec.dtype = c.dtype;
+    spec.out_shape = shape3(c.batch, c.m, c.n);
+    spec.options.output_dtype = c.out;
+    spec.options.keep_output = true;
+    spec.options.allow_tf32 = c.tf32;
+    if (c.beta != 0) {  // C in the input dtype, batched like the output
+      cin = std::make_unique<DeviceArray>(size_t(c.batch * c.m * c.n) * es);
+      Fill(cin->get(), c.batch * c.m * c.n, K(c.dtype), Seed());
+      spec.beta = c.beta;
+      spec.c = View(c.dtype, spec.out_shape, cin->get());
+      spec.c_batched = c.batch > 1;
+    }
+    auto run = [&](const std::string& variant) {
+      spec.options.variant = variant;
+      return Time([&] { return engine_->Gemm(spec, call_); });
+    };
+    Timed def = run("");
+    if (!def.status.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), def.status.ToString().c_str());
+      row.ok = false;
+    }
+    row.variant = def.variant;
+    row.ours = def.seconds;
+    row.ours_span = def.span;
+
+    // The vendor writes `out` from inputs of `dtype` (with the addend's copy
+    // in `ref` when beta != 0; cuBLAS takes it in the output dtype only).
+    const bool vendor_runs = c.beta == 0 || c.dtype == c.out;
+    if (vendor_runs && (c.dtype != D::kFloat32 || c.out == D::kFloat32)) {
+      if (c.beta != 0) {
+        SWEEP_COPY(ref.get(), cin->get(), size_t(c.batch * c.m * c.n) * eo);
+      } else {
+        Poison(ref.get(), c.batch * c.m * c.n, K(c.out));
+      }
+      const int64_t stride_a = c.batch > 1 ? c.m * c.k : 0;
+      const int64_t stride_b = batch_b > 1 ? c.k * c.n : 0;
+      if (def.seconds > 20e-3) vendor_.SetReps(1, 3);
+      row.vendor_s = vendor_.TimeGemm(a.get(), b.get(), ref.get(), c.m, c.n, c.k, c.batch, stride_a,
+                                      stride_b, c.ta, c.tb, K(c.dtype), K(c.out), c.tf32, 1.f,
+                                      float(c.beta), &row.vendor);
+      vendor_.SetReps(options_.warmup, options_.reps);
+      if (def.output && row.vendor_s > 0) {
+        // One rounding of the output, tf32's of the inputs, fp32 sums.
+        const double in_eps = c.dtype != D::kFloat32 ? 0 : (c.tf32 ? 1e-3 : 1e-6);
+        const double out_eps = c.out == D::kBFloat16 ? 8e-3 : (c.out == D::kFloat16 ? 1e-3 : 1e-6);
+        const double scale = std::sqrt(double(c.k));
+        row.error = MaxError(def.output->buffer().data(), K(c.out), ref.get(), K(c.out),
+                             c.batch * c.m * c.n, 4 * (in_eps + 1e-5) * scale + 2 * out_eps,
+                             4 * out_eps + 4 * in_eps);
+      }
+    }
+    row.ok = row.ok && row.error <= 1.0;
+    if (options_.variants) {
+      const bool simt = c.dtype == D::kFloat32 && !c.tf32;
+      for (const std::string& v : simt ? kSimtVariants : kTcVariants) {
+        Timed t = run(v);
+        if (t.status.ok()) row.forced[v] = t.seconds;
+      }
+    }
+    std::fprintf(stderr, "%-9s %-34s %-9s %-26s %10.2f us  vendor %10.2f us  x%.3f  %s\n",
+                 row.c.cls.c_str(), row.shape.c_str(),
+                 absl::StrCat(Family(c), "->", Name(c.out)).c_str(), row.variant.c_str(),
+                 row.ours * 1e6, row.vendor_s * 1e6, row.vendor_s > 0 ? row.vendor_s / row.ours : 0,
+                 row.ok ? "ok" : "WRONG");
+    rows_.push_back(row);
+    Write();  // after every case: a run cut short keeps what it measured
+  }
+
+  void set_command(std::string command) { command_ = std::move(command); }
+
+  void Write() const {
+    FILE* f = std::fopen(options_.json.c_str(), "w");
+    if (f == nullptr) {
+      std::perror(options_.json.c_str());
+      return;
+    }
+    const std::time_t now = std::time(nullptr);
+    char date[64];
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"command\": \"%s\", \"reps\": %d,\n",
+                 DescribeGpu().c_str(), date, command_.c_str(), options_.reps);
+    std::fprintf(f, " \"rows\": [\n");
+    for (size_t i = 0; i < rows_.size(); ++i) {
+      const Row& r = rows_[i];
+      std::string forced;
+      for (const auto& [name, s] : r.forced) {
+        if (!forced.empty()) forced += ", ";
+        forced += absl::StrCat("\"", name, "\": ", s);
+      }
+      std::fprintf(
+          f,
+          "  {\"class\": \"%s\", \"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+          "\"batch\": %lld, \"ta\": %s, \"tb\": %s, \"shared_b\": %s, \"beta\": %g, "
+          "\"dtype\": \"%s\", \"out\": \"%s\", \"flops\": %.0f, \"variant\": \"%s\", "
+          "\"ours_s\": %.9g, \"ours_span_s\": %.9g, \"vendor\": \"%s\", \"vendor_s\": %.9g, "
+          "\"error\": %.4g, \"ok\": %s, \"forced\": {%s}}%s\n",
+          r.c.cls.c_str(), r.shape.c_str(), (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
+          (long long)r.c.batch, r.c.ta ? "true" : "false", r.c.tb ? "true" : "false",
+          r.c.shared_b ? "true" : "false", r.c.beta, Family(r.c), Name(r.c.out), r.flops,
+          r.variant.c_str(), r.ours, r.ours_span, r.vendor.c_str(), r.vendor_s,
+          std::isfinite(r.error) ? r.error : 1e300, r.ok ? "true" : "false", forced.c_str(),
+          i + 1 < rows_.size() ? "," : "");
+    }
+    std::fprintf(f, " ]}\n");
+    std::fclose(f);
+  }
+
+  // One line per case, then a summary per class: the default against the
+  // vendor, and the best of our own kernels against it.
+  void Print() const {
+    std::printf("%-9s %-34s %-10s %-26s %10s %10s %7s %7s %s\n", "class", "shape", "dtype",
+                "variant", "ours_us", "vendor_us", "x_vend", "x_own", "ok");
+    std::map<std::string, std::vector<std::pair<double, double>>> by;  // (default, own) ratios
+    for (const Row& r : rows_) {
+      double own = -1;
+      for (const auto& [name, s] : r.forced)
+        if (name != "cublaslt" && s > 0 && (own < 0 || s < own)) own = s;
+      const double xv = r.vendor_s > 0 ? r.vendor_s / r.ours : 0;
+      const double xo = r.vendor_s > 0 && own > 0 ? r.vendor_s / own : 0;
+      std::printf("%-9s %-34s %-10s %-26s %10.2f %10.2f %7.3f %7.3f %s\n", r.c.cls.c_str(),
+                  r.shape.c_str(), absl::StrCat(Family(r.c), "->", Name(r.c.out)).c_str(),
+                  r.variant.c_str(), r.ours * 1e6, r.vendor_s * 1e6, xv, xo, r.ok ? "ok" : "WRONG");
+      if (xv > 0) {
+        by[r.c.cls].push_back({xv, xo});
+        by["(all)"].push_back({xv, xo});
+      }
+    }
+    std::printf("\n%-10s %5s %8s %8s %8s %8s %8s\n", "class", "cases", "geo_def", "min_def",
+                ">=0.95", "geo_own", ">=0.9");
+    for (const auto& [cls, xs] : by) {
+      double ld = 0, lo = 0, mn = 1e9;
+      int good = 0, own_good = 0, no = 0;
+      for (const auto& [xv, xo] : xs) {
+        ld += std::log(xv);
+        mn = std::min(mn, xv);
+        good += xv >= 0.95;
+        if (xo > 0) {
+          lo += std::log(xo);
+          ++no;
+          own_good += xo >= 0.9;
+        }
+      }
+      std::printf("%-10s %5zu %8.3f %8.3f %4d/%-3zu %8.3f %4d/%-3d\n", cls.c_str(), xs.size(),
+                  std::exp(ld / double(xs.size())), mn, good, xs.size(),
+                  no ? std::exp(lo / no) : 0.0, own_good, no);
+    }
+  }
+
+  int failures() const {
+    int n = 0;
+    for (const Row& r : rows_) n += !r.ok;
+    return n;
+  }
+
+ private:
+  static void SWEEP_COPY(void* dst, const void* src, size_t bytes) {
+    if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) std::exit(1);
+  }
+  static TensorView View(D dt, std::vector<int64_t> shape, const void* data) {
+    TensorView v;
+    v.dtype = dt;
+    v.shape = std::move(shape);
+    v.data = data;
+    v.device = 0;
+    return v;
+  }
+  uint64_t Seed() {
+    return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^ (++seq_ << 32);
+  }
+
+  Options options_;
+  std::unique_ptr<Engine> engine_;
+  Vendor vendor_;
+  CallContext call_;
+  uint64_t seq_ = 0;
+  std::vector<Row> rows_;
+  std::string command_;
+};
+
+// The case list: classes of shapes (the and the ones LLM serving
+// sends), each class over the dtypes it matters for.
+void RunAll(Sweep& s) {
+  auto add = [&](const std::string& cls, int64_t m, int64_t n, int64_t k, D dt, bool tf32,
+                 auto&&... more) {
+    Case c;
+    c.cls = cls;
+    c.m = m;
+    c.n = n;
+    c.k = k;
+    c.dtype = dt;
+    c.out = dt;
+    c.tf32 = tf32;
+    (more(c), ...);
+    s.Gemm(c);
+  };
+  auto tn = [](bool ta, bool tb) { return [=](Case& c) { c.ta = ta, c.tb = tb; }; };
+  auto batch = [](int64_t b, bool shared) {
+    return [=](Case& c) { c.batch = b, c.shared_b = shared; };
+  };
+  auto out = [](D o) { return [=](Case& c) { c.out = o; }; };
+  auto beta = [](double v) { return [=](Case& c) { c.beta = v; }; };
+  struct Ty {
+    D dt;
+    bool tf32;
+  };
+  const Ty bf16{D::kBFloat16, false}, f16{D::kFloat16, false}, tf32{D::kFloat32, true},
+      f32{D::kFloat32, false};
+  const Ty all[] = {bf16, f16, tf32, f32};
+
+  // Squares, 128 .. 16384.
+  for (int64_t n : {128, 256, 512, 1024, 2048, 4096, 8192, 16384})
+    for (const Ty& t : all) add("square", n, n, n, t.dt, t.tf32);
+  // Odd sizes.
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1537, 2049, 999},
+                                                            {3000, 5000, 2000},
+                                                            {1000, 3000, 777},
+                                                            {4097, 4095, 4099},
+                                                            {999, 999, 999},
+                                                            {6001, 3001, 5003}})
+    for (const Ty& t : all) add("odd", m, n, k, t.dt, t.tf32);
+  // Small K.
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{4096, 4096, 16},
+                                                            {4096, 4096, 32},
+                                                            {8192, 8192, 64},
+                                                            {2048, 8192, 128},
+                                                            {4096, 4096, 256},
+                                                            {16384, 16384, 128}})
+    for (const Ty& t : {bf16, tf32}) add("small_k", m, n, k, t.dt, t.tf32);
+  add("small_k", 4096, 4096, 64, D::kFloat16, false);
+  add("small_k", 4096, 4096, 64, D::kFloat32, false);
+  // Large K with small M*N.
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{256, 256, 65536},
+                                                            {128, 128, 16384},
+                                                            {512, 512, 32768},
+                                                            {1024, 1024, 65536},
+                                                            {64, 4096, 16384}})
+    for (const Ty& t : {bf16, tf32, f32}) add("large_k", m, n, k, t.dt, t.tf32);
+  // Thin M against large N*K: LLM layers (activations [M, K] x weights; the
+  // weights of nn.Linear are [N, K], B transposed).
+  for (int64_t m : {1, 8, 16, 64, 128, 256})
+    for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+             {4096, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}}) {
+      if (m == 8 && n == 128256) continue;
+      add("thin_m", m, n, k, D::kBFloat16, false, tn(false, true));
+    }
+  for (int64_t m : {16, 128}) {
+    add("thin_m", m, 4096, 4096, D::kBFloat16, false);
+    add("thin_m", m, 14336, 4096, D::kFloat16, false, tn(false, true));
+    add("thin_m", m, 4096, 4096, D::kFloat32, true, tn(false, true));
+  }
+  // Transposed operands.
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{4096, 4096, 4096}, {2000, 3000, 1000}})
+    for (const Ty& t : {bf16, tf32, f32})
+      for (auto [ta, tb] :
+           std::vector<std::pair<bool, bool>>{{false, true}, {true, false}, {true, true}})
+        add("trans", m, n, k, t.dt, t.tf32, tn(ta, tb));
+  // Batched.
+  for (const Ty& t : {bf16, tf32, f32}) {
+    add("batched", 512, 512, 64, t.dt, t.tf32, batch(32, false));
+    add("batched", 1024, 1024, 1024, t.dt, t.tf32, batch(8, false));
+    add("batched", 128, 128, 128, t.dt, t.tf32, batch(64, false));
+    add("batched", 256, 4096, 4096, t.dt, t.tf32, batch(16, true));
+  }
+  add("batched", 2048, 128, 2048, D::kBFloat16, false, batch(16, false), tn(false, true));
+  // Output dtypes other than the input's.
+  for (int64_t n : {1024, 4096})
+    for (const Ty& t : {bf16, f16}) add("out_f32", n, n, n, t.dt, t.tf32, out(D::kFloat32));
+  add("out_f32", 3000, 5000, 2000, D::kBFloat16, false, out(D::kFloat32));
+  // alpha/beta with C.
+  add("beta", 4096, 4096, 4096, D::kBFloat16, false, beta(1.0));
+  add("beta", 1000, 3000, 777, D::kBFloat16, false, beta(0.5));
+  add("beta", 1000, 3000, 777, D::kFloat32, false, beta(0.5));
+  add("beta", 2048, 2048, 2048, D::kFloat32, true, beta(-1.0));
+  add("beta", 512, 512, 512, D::kBFloat16, false, beta(1.0), batch(8, false));
+}
+
+}  // namespace
+}  // namespace gpucompute::sweep
+
+int main(int argc, char** argv) {
+  using namespace gpucompute;
+  sweep::Options options;
+  std::string command = "gc_sweep_gemm";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    command += " " + arg;
+    auto value = [&](const char* flag) -> std::optional<std::string> {
+      const std::string prefix = std::string(flag) + "=";
+      if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
+      return std::nullopt;
+    };
+    if (auto v = value("--json"))
+      options.json = *v;
+    else if (auto v = value("--filter"))
+      options.filter = *v;
+    else if (auto v = value("--reps"))
+      options.reps = std::max(1, std::atoi(v->c_str()));
+    else if (auto v = value("--warmup"))
+      options.warmup = std::max(0, std::atoi(v->c_str()));
+    else if (arg == "--no-variants")
+      options.variants = false;
+    else if (arg == "--help") {
+      std::printf(
+          "gc_sweep_gemm [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] "
+          "[--no-variants]\n"
+          "  GEMM through the server's default path on GPU 0, every version of ours and the\n"
+          "  cuBLASLt fallback forced too, against cublasGemmStridedBatchedEx in the same run.\n"
+          "  --filter keeps the cases whose \"class shape dtype->out\" contains SUBSTR;\n"
+          "  --no-variants times the default only. tests/sweep/gemm_table.py writes the\n"
+          "  markdown table.\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
+      cuda::CreateCudaDevices({0}, {1.0}, cuda::CudaDeviceOptions{});
+  if (!devices.ok()) {
+    std::fprintf(stderr, "no GPU: %s\n", devices.status().ToString().c_str());
+    return 1;
+  }
+  auto engine = std::make_unique<Engine>("cuda", std::move(*devices));
+  sweep::Sweep s(options, std::move(engine));
+  s.set_command(command);
+  sweep::RunAll(s);
+  s.Write();
+  s.Print();
+  std::printf("\nresults: %s; %d wrong\n", options.json.c_str(), s.failures());
+  return s.failures() == 0 ? 0 : 1;
+}
