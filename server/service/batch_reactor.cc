@@ -264,15 +264,12 @@ class ComputeService::BatchReactor final
     auto response = std::make_unique<v1::BatchResponse>();
     absl::string_view method = "Batch/Invalid";
     absl::Status status;
-    {
-      grpc::ByteBuffer bytes(item->holding.raw);  // shares the slices; raw stays
-      if (!grpc::SerializationTraits<v1::BatchRequest>::Deserialize(&bytes, request.get()).ok()) {
-        service_->Admitted(0, &item->holding);
-        status = absl::InvalidArgumentError("the item is not a valid BatchRequest");
-      } else {
-        status = service_->ExecuteBatchItem(*request, item->call, response.get(), &item->holding,
-                                            &method);
-      }
+    if (absl::Status decoded = Decode(item->holding.raw, request.get()); !decoded.ok()) {
+      service_->Admitted(0, &item->holding);
+      status = decoded;
+    } else {
+      status =
+          service_->ExecuteBatchItem(*request, item->call, response.get(), &item->holding, &method);
     }
     request.reset();  // its bytes go before the answer's are encoded
     if (status.ok() && item->holding.more_bytes > 0) {

@@ -141,6 +141,10 @@ class ComputeService final : public ComputeServiceBase {
   class DownloadReactor;
   class UploadAssembly;
 
+  // Decodes a request received raw (each large bytes field copied once,
+  // into a string of its size).
+  static absl::Status Decode(const grpc::ByteBuffer& raw, google::protobuf::Message* message);
+
   // Longest BatchRequest.id accepted (it is echoed in the answer).
   static constexpr size_t kMaxBatchIdBytes = 1024;
 
