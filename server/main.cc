@@ -44,8 +44,9 @@ ABSL_FLAG(int, cpu_devices, kDefaults.cpu_devices,
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "largest request or response message in bytes (at most 2147483647)");
 ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
-          "admission limit on the bytes (inputs plus outputs) of operations served at once; "
-          "0 = no limit");
+          "admission limit on the host memory of the calls served at once (requests received "
+          "and decoded, results, answers until sent; operations, Echo, Batch items, transfer "
+          "chunks), taken before a request is received; 0 = no limit");
 ABSL_FLAG(int64_t, device_max_inflight_bytes, kDefaults.device_max_inflight_bytes,
           "per device: bound on the bytes (inputs plus outputs) of the shards it holds at once; "
           "work over it waits; 0 = no bound, -1 = automatic (3/4 of a GPU's memory, none on CPU)");
