@@ -155,6 +155,111 @@ TEST(MemoryTest, ARequestDeclaredOverTheMessageLimitIsRefusedBeforeItIsReceived)
       << status.error_message();
 }
 
+// A label-matching metric's value; -1 when /metrics cannot be read.
+double MetricWith(const ServerProcess& server, absl::string_view name, absl::string_view labels) {
+  absl::StatusOr<std::string> text = HttpGet(server.metrics_port(), "/metrics");
+  if (!text.ok()) return -1;
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (!absl::StartsWith(line, absl::StrCat(name, "{")) || !absl::StrContains(line, labels)) {
+      continue;
+    }
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) total += value;
+  }
+  return total;
+}
+
+// Batch answers count against --max_inflight_bytes until they are written,
+// across streams: four streams of eight 8 MiB transposes each whose client
+// reads nothing for a while. The server computes what fits under a 64 MiB
+// limit (an item holds 16 MiB: its request received and decoded, then its
+// result beside its encoding; its answer 8 MiB until written), then waits;
+// its resident memory stays within its start plus the limit plus one item
+// per stream (read before it is admitted) plus 48 MiB. Before, each stream
+// held up to the limit's worth of answers, whatever the others held. Once
+// the client reads, every item is answered.
+TEST(MemoryTest, BatchAnswersAcrossStreamsStayUnderTheInflightLimit) {
+  constexpr int64_t kLimit = 64 * kMiB;
+  constexpr int kStreams = 4;
+  constexpr int kItemsPerStream = 8;
+  constexpr int64_t kItemBytes = 8 * kMiB;
+  std::unique_ptr<ServerProcess> server =
+      StartServer({absl::StrCat("--max_inflight_bytes=", kLimit)});
+  ASSERT_NE(server, nullptr);
+  const int64_t start_rss = StatusBytes(server->pid(), "VmRSS");
+  v1::BatchRequest item;
+  v1::TransposeRequest* t = item.mutable_transpose();
+  t->mutable_input()->set_dtype(v1::FLOAT32);
+  t->mutable_input()->add_shape(2048);
+  t->mutable_input()->add_shape(1024);
+  t->mutable_input()->mutable_data()->assign(kItemBytes, '\1');
+
+  struct Stream {
+    std::unique_ptr<v1::Compute::Stub> stub;
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::BatchRequest, v1::BatchResponse>> rw;
+    int answered_ok = 0;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int s = 0; s < kStreams; ++s) {
+    auto stream = std::make_unique<Stream>();
+    grpc::ChannelArguments args;
+    args.SetInt("gc.stream", s);  // a connection of its own
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    stream->stub = v1::Compute::NewStub(
+        grpc::CreateCustomChannel(server->address(), grpc::InsecureChannelCredentials(), args));
+    stream->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    stream->rw = stream->stub->Batch(&stream->context);
+    streams.push_back(std::move(stream));
+  }
+  std::vector<std::thread> writers;
+  for (int s = 0; s < kStreams; ++s) {
+    writers.emplace_back([&, s] {
+      v1::BatchRequest request = item;
+      for (int i = 0; i < kItemsPerStream; ++i) {
+        request.set_id(absl::StrCat(s, "-", i));
+        if (!streams[s]->rw->Write(request)) return;
+      }
+      streams[s]->rw->WritesDone();
+    });
+  }
+  // Unread, the answers pile up until the server stops computing.
+  double computed = 0;
+  for (absl::Time still_since = absl::Now(), until = absl::Now() + absl::Seconds(20);
+       absl::Now() < until && absl::Now() - still_since < absl::Seconds(1);) {
+    absl::SleepFor(absl::Milliseconds(100));
+    const double now = MetricWith(*server, "gpucompute_requests_total", "Batch/Transpose");
+    if (now != computed) still_since = absl::Now();
+    computed = now;
+  }
+  const int64_t peak = StatusBytes(server->pid(), "VmHWM");
+  std::vector<std::thread> readers;
+  for (int s = 0; s < kStreams; ++s) {
+    readers.emplace_back([&, s] {
+      v1::BatchResponse answer;
+      while (streams[s]->rw->Read(&answer)) {
+        if (answer.code() == 0 && answer.transpose().output().data().size() == kItemBytes) {
+          ++streams[s]->answered_ok;
+        }
+      }
+    });
+  }
+  for (std::thread& w : writers) w.join();
+  for (std::thread& r : readers) r.join();
+  for (auto& stream : streams) {
+    const grpc::Status status = stream->rw->Finish();
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(stream->answered_ok, kItemsPerStream);
+  }
+  std::cerr << "resident at start " << start_rss / kMiB << " MiB, at most " << peak / kMiB
+            << " MiB with " << computed << " items computed and unread\n";
+  EXPECT_LT(peak, start_rss + kLimit + kStreams * kItemBytes + 48 * kMiB)
+      << "resident memory passed the limit plus the overhead";
+}
+
 // With --retain_host_memory_bytes=0 the memory freed after a burst of large
 // Echos goes back to the system: the idle server's resident memory returns
 // to near where it started (it stayed at 2 GB and more before).
