@@ -266,7 +266,7 @@ class ComputeService::OpCall final
   // reserved, else runs it.
   void Continue() {
     const int64_t needed = ReceiveBytes(holding_.request_bytes);
-    if (holding_.ticket.bytes() < needed) {
+    if (service_->admission_->limit() > 0 && holding_.ticket.bytes() < needed) {
       Readmit(needed);
       return;
     }
@@ -549,9 +549,9 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     return spec.status();
   }
   const int64_t host_bytes = HostBytes(holding->request_bytes, FootprintBytes(*spec));
-  if (host_bytes > holding->ticket.bytes()) {
-    const int64_t limit = admission_->limit();
-    if (limit > 0 && host_bytes > limit) {
+  const int64_t limit = admission_->limit();
+  if (limit > 0 && host_bytes > holding->ticket.bytes()) {
+    if (host_bytes > limit) {
       Admitted(0, holding);
       metrics_->ObserveQueue(queue_seconds);
       return absl::ResourceExhaustedError(absl::StrCat(

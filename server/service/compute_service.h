@@ -56,8 +56,8 @@ struct ServiceOptions {
   int batch_window = 64;
   // Bytes one Batch stream holds between reading an item and writing its
   // answer: the request's until it is answered, then the answer's (which
-  // holds no admission once computed). Beyond this the stream stops reading
-  // too; at least one item is always read.
+  // holds admission for its encoded bytes until written). Beyond this the
+  // stream stops reading too; at least one item is always read.
   int64_t batch_window_bytes = int64_t{1} << 30;
   // A Batch stream whose answer has waited this long to be written (its
   // client does not read) is ended RESOURCE_EXHAUSTED and its answers
