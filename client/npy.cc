@@ -37,8 +37,14 @@ absl::StatusOr<absl::string_view> ValueOf(absl::string_view header, absl::string
 }  // namespace
 
 int64_t NpyItemSize(const std::string& descr) {
-  if (descr.size() < 3) return 0;
+  if (descr.size() < 3 || descr.size() > 12) return 0;
   if (descr[0] != '<' && descr[0] != '|' && descr[0] != '=' && descr[0] != '>') return 0;
+  // The kind is a letter ('f', 'u', ...), the size digits: anything else
+  // (a quote, a sign, spaces) is no type string SerializeNpy could write back.
+  if (!absl::ascii_isalpha(static_cast<unsigned char>(descr[1]))) return 0;
+  for (size_t i = 2; i < descr.size(); ++i) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(descr[i]))) return 0;
+  }
   int64_t size = 0;
   if (!absl::SimpleAtoi(descr.substr(2), &size) || size <= 0) return 0;
   return size;

@@ -26,7 +26,8 @@ struct NpyArray {
 };
 
 // Bytes per element of a descr such as "<f4" (the digits after the kind);
-// 0 when the descr is not of the form [<|=]<kind><size>.
+// 0 when the descr is not of the form [<|=>]<letter><digits> (at most 12
+// characters).
 int64_t NpyItemSize(const std::string& descr);
 
 // Parses the bytes of a .npy file. INVALID_ARGUMENT for a malformed header,

@@ -30,6 +30,18 @@ function(gc_add_test name)
     PROPERTIES LABELS "${ARG_LABELS}" SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
 
+# gc_add_fuzzer(name SOURCES ... DEPS ...): a libFuzzer target (clang; the
+# fuzz preset compiles everything with -fsanitize=fuzzer-no-link and the
+# sanitizers, this links the fuzzer's main).
+function(gc_add_fuzzer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_compile_options(${name} PRIVATE ${GPUCOMPUTE_WARNINGS})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  target_link_options(${name} PRIVATE -fsanitize=fuzzer)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+endfunction()
+
 # gc_add_proto_library(name ROOT dir PROTO file): the C++ messages and gRPC
 # stubs of one .proto (a path relative to ROOT, which is also the import root)
 # as a static library; its headers are included by that relative path, e.g.

@@ -18,6 +18,12 @@ packages=(
   python3 python3-venv python3-grpcio python3-protobuf python3-numpy python3-pytest
 )
 
+# The fuzz targets (tests/fuzz): clang with libFuzzer and the sanitizer
+# runtimes, for the tests only.
+if [ "${1:-}" != build ]; then
+  packages+=(clang libclang-rt-dev)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

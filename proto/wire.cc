@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,29 @@ void AppendTag(int number, WireType type, std::string* out) {
   AppendVarint((static_cast<uint64_t>(number) << 3) | type, out);
 }
 
+// The wire type protobuf parses `field` from (a singular field; packed
+// repeated fields are never oneof members).
+WireType WireTypeOf(const FieldDescriptor* field) {
+  switch (field->type()) {
+    case FieldDescriptor::TYPE_DOUBLE:
+    case FieldDescriptor::TYPE_FIXED64:
+    case FieldDescriptor::TYPE_SFIXED64:
+      return kFixed64;
+    case FieldDescriptor::TYPE_FLOAT:
+    case FieldDescriptor::TYPE_FIXED32:
+    case FieldDescriptor::TYPE_SFIXED32:
+      return kFixed32;
+    case FieldDescriptor::TYPE_STRING:
+    case FieldDescriptor::TYPE_BYTES:
+    case FieldDescriptor::TYPE_MESSAGE:
+      return kLengthDelimited;
+    case FieldDescriptor::TYPE_GROUP:
+      return kStartGroup;
+    default:
+      return kVarint;
+  }
+}
+
 int VarintSize(uint64_t value) {
   int n = 1;
   while (value >= 0x80) {
@@ -58,18 +82,22 @@ class Cursor {
   int64_t position() const { return position_; }
   int64_t size() const { return size_; }
 
-  bool ReadByte(uint8_t* byte) {
-    if (position_ >= size_) return false;
+  // Reads one byte before `end`. REQUIRES: end <= size().
+  bool ReadByte(int64_t end, uint8_t* byte) {
+    if (position_ >= end) return false;
     *byte = slices_[index_].begin()[offset_];
     Advance(1);
     return true;
   }
 
-  bool ReadVarint(uint64_t* value) {
+  // Reads a varint of at most `max_bytes` bytes that ends before `end` (a
+  // field never runs past the end of its message); bits past 64 are
+  // dropped, as protobuf drops them. REQUIRES: end <= size().
+  bool ReadVarint(int64_t end, uint64_t* value, int max_bytes = 10) {
     uint64_t result = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t byte;
-      if (!ReadByte(&byte)) return false;
+      if (!ReadByte(end, &byte)) return false;
       result |= static_cast<uint64_t>(byte & 0x7f) << shift;
       if ((byte & 0x80) == 0) {
         *value = result;
@@ -130,24 +158,35 @@ class Parser {
 
   // Parses fields into `message` up to byte `end`. The fields kept as
   // encoded bytes (scalars, strings, small bytes, unknown fields) are merged
-  // by protobuf at the end; message fields are descended into, so that
-  // large bytes inside them stay in the slices.
+  // by protobuf at the end (and around each oneof member, in order);
+  // message fields are descended into, so that large bytes inside them stay
+  // in the slices.
+  // REQUIRES: cursor position <= end <= cursor size.
   bool ParseMessage(Message* message, int64_t end, int depth) {
     if (depth > kMaxDepth) return Fail("nested too deeply");
     const Descriptor* type = message->GetDescriptor();
     const Reflection* reflection = message->GetReflection();
     std::string plain;  // the fields protobuf parses
     while (cursor_.position() < end) {
+      // Tags and lengths as protobuf reads them: at most 5 bytes; a tag
+      // keeps its low 32 bits, a length must fit in an int32.
       uint64_t tag;
-      if (!cursor_.ReadVarint(&tag)) return Fail("truncated field tag");
+      if (!cursor_.ReadVarint(end, &tag, 5)) return Fail("truncated field tag");
+      tag = static_cast<uint32_t>(tag);
       const uint64_t number = tag >> 3;
       const auto wire_type = static_cast<WireType>(tag & 7);
       if (number == 0 || number > FieldDescriptor::kMaxNumber) return Fail("invalid field number");
       const FieldDescriptor* field = type->FindFieldByNumber(static_cast<int>(number));
+      // A oneof's members replace one another in the order they come (the
+      // message of one replaced is deleted): what came before is merged
+      // first, and a member that does not go through `plain` last.
+      const bool oneof_member = field != nullptr && field->real_containing_oneof() != nullptr &&
+                                wire_type == WireTypeOf(field);
+      if (oneof_member && !EnterOneofMember(message, field, &plain)) return false;
       switch (wire_type) {
         case kVarint: {
           uint64_t value;
-          if (!cursor_.ReadVarint(&value)) return Fail("truncated varint");
+          if (!cursor_.ReadVarint(end, &value)) return Fail("truncated varint");
           AppendVarint(tag, &plain);
           AppendVarint(value, &plain);
           break;
@@ -162,7 +201,10 @@ class Parser {
         }
         case kLengthDelimited: {
           uint64_t length;
-          if (!cursor_.ReadVarint(&length)) return Fail("truncated length");
+          if (!cursor_.ReadVarint(end, &length, 5) ||
+              length > uint64_t{std::numeric_limits<int32_t>::max()}) {
+            return Fail("invalid length");
+          }
           if (length > static_cast<uint64_t>(end - cursor_.position())) {
             return Fail(absl::StrCat("field ", number, " runs past the end of its message"));
           }
@@ -172,7 +214,7 @@ class Parser {
                                                   : reflection->MutableMessage(message, field);
             if (!ParseMessage(child, cursor_.position() + n, depth + 1)) return false;
           } else if (field != nullptr && field->type() == FieldDescriptor::TYPE_BYTES &&
-                     !field->is_repeated() && n >= min_external_) {
+                     !field->is_repeated() && !oneof_member && n >= min_external_) {
             DropExternal(message, field);  // a later value replaces an earlier one
             ExternalField value;
             value.owner = message;
@@ -195,12 +237,10 @@ class Parser {
           return Fail(absl::StrCat("field ", number, " has wire type ", int(wire_type),
                                    " (groups are not used by this API)"));
       }
+      if (oneof_member && !Merge(message, &plain)) return false;
     }
     if (cursor_.position() != end) return Fail("a field runs past the end of its message");
-    if (!plain.empty() && !message->MergeFromString(plain)) {
-      return Fail(absl::StrCat("invalid ", type->name(), " fields"));
-    }
-    return true;
+    return Merge(message, &plain);
   }
 
   // Where a large value of a field came after a small one, the large one
@@ -219,6 +259,60 @@ class Parser {
   const std::string& error() const { return error_; }
 
  private:
+  // Merges the fields kept as encoded bytes into `message`; empties *plain.
+  bool Merge(Message* message, std::string* plain) {
+    if (!plain->empty() && !message->MergeFromString(*plain)) {
+      return Fail(absl::StrCat("invalid ", message->GetDescriptor()->name(), " fields"));
+    }
+    plain->clear();
+    return true;
+  }
+
+  // Before `field`, a member of a oneof of `message`, takes its place:
+  // merges what came before it, and forgets what the slices hold for the
+  // message of another member, which it replaces (and protobuf deletes).
+  bool EnterOneofMember(Message* message, const FieldDescriptor* field, std::string* plain) {
+    if (!Merge(message, plain)) return false;
+    const FieldDescriptor* current =
+        message->GetReflection()->GetOneofFieldDescriptor(*message, field->real_containing_oneof());
+    if (current != nullptr && current != field &&
+        current->type() == FieldDescriptor::TYPE_MESSAGE) {
+      Forget(message->GetReflection()->GetMessage(*message, current));
+    }
+    return true;
+  }
+
+  // Forgets the external fields and pending clears of `root` and of every
+  // message under it.
+  void Forget(const Message& root) {
+    std::vector<const Message*> within = {&root};
+    for (size_t i = 0; i < within.size(); ++i) {
+      const Message& m = *within[i];
+      const Reflection* reflection = m.GetReflection();
+      std::vector<const FieldDescriptor*> fields;
+      reflection->ListFields(m, &fields);
+      for (const FieldDescriptor* f : fields) {
+        if (f->type() != FieldDescriptor::TYPE_MESSAGE) continue;
+        if (!f->is_repeated()) {
+          within.push_back(&reflection->GetMessage(m, f));
+          continue;
+        }
+        for (int j = 0; j < reflection->FieldSize(m, f); ++j) {
+          within.push_back(&reflection->GetRepeatedMessage(m, f, j));
+        }
+      }
+    }
+    auto inside = [&within](const Message* m) {
+      return std::find(within.begin(), within.end(), m) != within.end();
+    };
+    external_.erase(std::remove_if(external_.begin(), external_.end(),
+                                   [&](const ExternalField& e) { return inside(e.owner); }),
+                    external_.end());
+    pending_clear_.erase(std::remove_if(pending_clear_.begin(), pending_clear_.end(),
+                                        [&](const auto& pending) { return inside(pending.first); }),
+                         pending_clear_.end());
+  }
+
   void DropExternal(const Message* message, const FieldDescriptor* field) {
     for (auto it = external_.begin(); it != external_.end();) {
       it = (it->owner == message && it->field == field) ? external_.erase(it) : it + 1;

@@ -61,11 +61,12 @@ struct ExternalField {
   SliceBytes bytes;
 };
 
-// Parses `buffer` into `message` (cleared first). Singular bytes fields of
-// at least `min_external_bytes` are not copied: they are left empty in their
-// message and appended to `*external`, in the order they came. Returns
-// INVALID_ARGUMENT when the bytes are not a valid encoding of the message
-// (naming `what`, e.g. "request").
+// Parses `buffer` into `message` (cleared first), as protobuf would. Singular
+// bytes fields of at least `min_external_bytes` (outside oneofs) are not
+// copied: they are left empty in their message and appended to `*external`,
+// in the order they came. Returns INVALID_ARGUMENT when the bytes are not a
+// valid encoding of the message (naming `what`, e.g. "request"), or hold a
+// group (wire types 3 and 4), which protobuf would take as unknown fields.
 absl::Status Parse(const grpc::ByteBuffer& buffer, google::protobuf::Message* message,
                    std::vector<ExternalField>* external,
                    int64_t min_external_bytes = kDefaultMinExternalBytes,

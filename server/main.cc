@@ -79,7 +79,9 @@ ABSL_FLAG(int, worker_threads, kDefaults.worker_threads,
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
           "when set, {\"grpc_port\": N, \"metrics_port\": M} is written here once serving");
 ABSL_FLAG(absl::Duration, shutdown_timeout, kDefaults.shutdown_timeout,
-          "on SIGTERM/SIGINT, how long calls in flight may take before they are cancelled");
+          "on SIGTERM/SIGINT, how long calls in flight may take before their operations are "
+          "stopped (answered UNAVAILABLE) and they are cancelled; the process exits within this "
+          "and half a second");
 ABSL_FLAG(absl::Duration, stalled_stream_timeout, kDefaults.stalled_stream_timeout,
           "a Batch stream whose answer waits this long to be written, because its client does "
           "not read, is ended RESOURCE_EXHAUSTED and its unsent answers dropped; inf = never");

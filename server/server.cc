@@ -33,6 +33,12 @@ constexpr char kServiceName[] = "gpucompute.v1.Compute";
 // they are cancelled. Long enough for an answer already written to leave.
 constexpr absl::Duration kCloseGrace = absl::Milliseconds(250);
 
+// At shutdown, when operations still run at the timeout: how long they have
+// to stop (CPU kernels between blocks) and their UNAVAILABLE answers to
+// leave before every call is cancelled. With the rest of the shutdown it
+// stays within the half second the timeout is promised to be kept to.
+constexpr absl::Duration kStopGrace = absl::Milliseconds(200);
+
 absl::Status CheckOptions(const ServerOptions& options) {
   if (options.listen.empty()) {
     return absl::InvalidArgumentError("--listen: expected host:port but got an empty address");
@@ -400,7 +406,13 @@ void Server::Shutdown() {
     // would drop them as CANCELLED.
     service_->StartDraining();
     grpc_server_->GetHealthCheckService()->Shutdown();
-    service_->WaitIdle(deadline);
+    if (!service_->WaitIdle(deadline)) {
+      // Past the timeout, operations still queued or computing are stopped
+      // and answered UNAVAILABLE: without it the workers below would wait
+      // for them to finish, however long they take.
+      service_->CancelOperations();
+      service_->WaitIdle(absl::Now() + kStopGrace);
+    }
     // Only calls of other services are left, health Watches above all,
     // which end only when cancelled: they get a moment, not the deadline.
     grpc_server_->Shutdown(absl::ToChronoTime(std::min(deadline, absl::Now() + kCloseGrace)));

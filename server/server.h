@@ -69,7 +69,8 @@ struct ServerOptions {
   // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,
   // by rename) once the server is serving; metrics_port is 0 when disabled.
   std::string ready_file;
-  // How long Shutdown waits for calls in flight before cancelling them.
+  // How long Shutdown waits for calls in flight before stopping their
+  // operations and cancelling them.
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // A Batch stream whose answer waits this long to be written (its client
   // does not read) is ended RESOURCE_EXHAUSTED; infinite: never.
@@ -133,11 +134,13 @@ class Server {
   void Wait();
 
   // Graceful shutdown: health NOT_SERVING (sent to every Watch), new
-  // Compute calls answered UNAVAILABLE while those accepted finish
-  // (cancelling what is left after shutdown_timeout), then every other call
-  // (health Watches, reflection) closed within a moment, the workers
-  // stopped. Thread-safe and idempotent. REQUIRES: not called from a gRPC
-  // callback, nor while Start is running.
+  // Compute calls answered UNAVAILABLE while those accepted finish; after
+  // shutdown_timeout the operations left are stopped (CPU kernels between
+  // blocks) and answered UNAVAILABLE and the calls left cancelled; then
+  // every other call (health Watches, reflection) closed within a moment,
+  // the workers stopped. Returns within shutdown_timeout and half a second
+  // where no GPU kernel runs longer. Thread-safe and idempotent. REQUIRES:
+  // not called from a gRPC callback, nor while Start is running.
   void Shutdown();
 
   // Reads the token file again. Returns the number of tokens now in force;

@@ -34,7 +34,7 @@ commands:
                                                     --head_dim --causal --scale --lse
   echo        send a tensor and get it back         --shape
   info        server version, backend, devices, kernel variants, health
-  health      SERVING (exit 0) or not (exit 1): for container health checks
+  health      SERVING (exit 0) or not (exit 1): for container health checks  --service
   bench <op>  N requests of <op> (or echo) at concurrency C, then Echo of the same payload
                                                     --requests --concurrency --mode=unary|batch
   bench upload|download  N transfers of --bytes, one at a time: GB/s and latency

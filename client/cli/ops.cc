@@ -59,6 +59,9 @@ ABSL_FLAG(std::string, out, "",
           "Write the result (download: the resident tensor) to this .npy file.");
 ABSL_FLAG(std::string, lse_out, "", "attention: write the log-sum-exp to this .npy file.");
 ABSL_FLAG(int, repeat, 1, "Send the request this many times; latency is reported over all.");
+ABSL_FLAG(std::string, service, "",
+          "health: the service whose status is asked (empty: the whole server; "
+          "gpucompute.v1.Compute: the compute service, NOT_SERVING while draining).");
 
 namespace gpucompute::cli {
 namespace {
@@ -554,7 +557,7 @@ int RunInfo() {
     PrintError("info", info.status());
     return kExitCallFailed;
   }
-  auto health = (*client)->Health("", MakeCallOptions());
+  auto health = (*client)->Health(absl::GetFlag(FLAGS_service), MakeCallOptions());
   std::cout << "server " << (*client)->options().target << "\n";
   std::cout << "version " << info->version() << "\n";
   std::cout << "backend " << info->backend() << "\n";
@@ -584,7 +587,7 @@ int RunHealth() {
     PrintError("client", client.status());
     return kExitUsage;
   }
-  auto health = (*client)->Health("", MakeCallOptions());
+  auto health = (*client)->Health(absl::GetFlag(FLAGS_service), MakeCallOptions());
   if (!health.ok()) {
     PrintError("health", health.status());
     return kExitCallFailed;

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,11 @@ inline constexpr std::array<OpKind, 5> kAllOps = {OpKind::kGemm, OpKind::kGemv, 
 // "gemm", "gemv", "reduce", "transpose", "attention".
 std::string_view OpName(OpKind op);
 
+// True once nobody waits for an operation's result any more (its caller
+// cancelled or passed its deadline, or the server is stopping its calls).
+// Thread-safe; cheap enough to ask every few milliseconds.
+using CancelCheck = std::function<bool()>;
+
 // Options every operation carries (see proto OpOptions).
 struct OpOptions {
   std::string variant;                   // empty: the device's fastest
@@ -32,6 +38,10 @@ struct OpOptions {
   bool allow_tf32 = false;
   // Keep the results on the server as resident tensors.
   bool keep_output = false;
+  // Not from the wire: the engine sets it from its call (CallContext) for
+  // the devices, which ask it between blocks of work and give up with
+  // CANCELLED once it turns true. Empty: never cancelled.
+  CancelCheck cancelled;
 };
 
 // C = alpha * op(A) * op(B) + beta * C over `batch` entries.

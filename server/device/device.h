@@ -157,7 +157,10 @@ class Device {
 
   // Operations. Errors: INVALID_ARGUMENT (unknown variant, or a shape the
   // variant refuses), RESOURCE_EXHAUSTED (out of memory), INTERNAL (device
-  // failure).
+  // failure), CANCELLED when spec.options.cancelled turned true before the
+  // shard was done (its output then incomplete). The CPU device asks it
+  // between blocks of a few milliseconds; a device may also finish a shard
+  // it has launched (a GPU kernel runs to its end).
   //
   // Rows `rows` of C (every batch entry) into `c_out`.
   virtual absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView c_out) = 0;

@@ -63,15 +63,20 @@ void ForEachOperand(AttentionSpec& s, Fn fn) {
   fn(s.v);
 }
 
-// Runs `run` on `spec` as `device` sees it: the resident operands it cannot
-// read in place redirected to copies the store makes (once) in its memory.
-// Where the device has no room for a copy, the operand stays where it is and
-// the device copies what it needs itself. The copies' time counts as peer.
+// Runs `run` on `spec` as `device` sees it: options.cancelled set to the
+// call's check, and the resident operands it cannot read in place redirected
+// to copies the store makes (once) in its memory. Where the device has no
+// room for a copy, the operand stays where it is and the device copies what
+// it needs itself. The copies' time counts as peer.
 template <typename Spec, typename Run>
 absl::StatusOr<ShardRun> RunLocal(TensorStore& store, const Spec& spec, Device& device,
                                   const CallContext& call, Run&& run) {
   double peer_seconds = 0, peer_bytes = 0;
   std::optional<Spec> local;
+  if (call.cancelled) {
+    local = spec;
+    local->options.cancelled = call.cancelled;
+  }
   for (const std::shared_ptr<ResidentTensor>& tensor : call.resident) {
     if (device.ReadsInPlace(tensor->device())) continue;
     const double before = peer_seconds;
@@ -225,10 +230,19 @@ absl::StatusOr<std::vector<Admission::Ticket>> Engine::AdmitShards(const ShardPl
 absl::StatusOr<std::vector<ShardTiming>> Engine::RunShards(OpKind op, DType dtype,
                                                            const ShardPlan& plan,
                                                            const ShardWork& shard_work,
+                                                           const CallContext& call,
                                                            const RunShard& run_shard) {
+  const auto cancelled = [&call] { return call.cancelled && call.cancelled(); };
+  if (cancelled()) return absl::CancelledError("the call was cancelled before its shards started");
   const size_t count = plan.shards.size();
   std::vector<absl::StatusOr<ShardRun>> runs(count, absl::UnknownError("shard did not run"));
   auto run_one = [&](size_t s) {
+    // A shard that has not started when its call goes is dropped: on a GPU
+    // it would be launched and run to its end.
+    if (cancelled()) {
+      runs[s] = absl::CancelledError("the call was cancelled before the shard started");
+      return;
+    }
     const int device = plan.shards[s].device;
     // Counted in flight (and its estimated seconds as the device's busy
     // time) for as long as the device holds the shard, also when it throws.
@@ -322,10 +336,10 @@ absl::StatusOr<OpResult> Engine::RunPartitioned(
   if (NumElements(out_shape) == 0) return result;  // nothing to compute: no shards
   ASSIGN_OR_RETURN(const std::vector<Admission::Ticket> room,
                    AdmitShards(plan, shard_work, call, &result));
-  ASSIGN_OR_RETURN(result.shards,
-                   RunShards(op, dtype, plan, shard_work, [&](Device& device, const Shard& shard) {
-                     return run_shard(device, plan, shard, out);
-                   }));
+  ASSIGN_OR_RETURN(result.shards, RunShards(op, dtype, plan, shard_work, call,
+                                            [&](Device& device, const Shard& shard) {
+                                              return run_shard(device, plan, shard, out);
+                                            }));
   return result;
 }
 
@@ -380,7 +394,7 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec, const CallContex
   if (plan.axis == SplitAxis::kOuter) {
     ASSIGN_OR_RETURN(
         result.shards,
-        RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
+        RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work, call,
                   [&](Device& device, const Shard& shard) {
                     return RunLocal(*store_, spec, device, call, [&](const ReduceSpec& local) {
                       return device.Reduce(local, shard.range, whole_axis, false, out);
@@ -405,7 +419,7 @@ absl::StatusOr<OpResult> Engine::Reduce(const ReduceSpec& spec, const CallContex
   }
   ASSIGN_OR_RETURN(
       result.shards,
-      RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work,
+      RunShards(OpKind::kReduce, spec.input.dtype, plan, shard_work, call,
                 [&](Device& device, const Shard& shard) {
                   const int64_t first_chunk = shard.range.begin / kReduceChunk;
                   return RunLocal(*store_, spec, device, call, [&](const ReduceSpec& local) {
@@ -477,7 +491,7 @@ absl::StatusOr<OpResult> Engine::Attention(const AttentionSpec& spec, const Call
   const bool by_heads = plan.axis == SplitAxis::kHeads;
   ASSIGN_OR_RETURN(
       result.shards,
-      RunShards(OpKind::kAttention, spec.dtype, plan, shard_work,
+      RunShards(OpKind::kAttention, spec.dtype, plan, shard_work, call,
                 [&](Device& device, const Shard& shard) {
                   return RunLocal(*store_, spec, device, call, [&](const AttentionSpec& local) {
                     return device.Attention(local, by_heads ? shard.range : all_heads,

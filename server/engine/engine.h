@@ -27,10 +27,14 @@ namespace gpucompute {
 
 // The call an operation belongs to, beside its spec: how long the operation
 // may wait for room on its devices (per-device admission) and whether its
-// caller has gone.
+// result is still wanted.
 struct CallContext {
   absl::Time deadline = absl::InfiniteFuture();
-  std::function<bool()> cancelled;  // may be empty: never cancelled
+  // True once the result is no longer wanted (the caller cancelled or
+  // passed its deadline, or the server is stopping): shards not started yet
+  // are dropped, and the devices see it as OpOptions::cancelled, which CPU
+  // kernels ask between blocks. May be empty: never cancelled.
+  CancelCheck cancelled;
   // The caller, as owner of the results it keeps (options.keep_output).
   std::string owner;
   // The resident tensors the spec's operands name (held alive by the
@@ -103,8 +107,10 @@ class Engine {
   // left, RESOURCE_EXHAUSTED (naming --device_max_inflight_bytes) when a
   // shard alone exceeds its device's in-flight bound or call.deadline passes
   // while waiting for room, CANCELLED when call.cancelled() turns true while
-  // waiting, the store's errors for a kept result (RESOURCE_EXHAUSTED naming
-  // the cap or quota), or the first shard's error.
+  // waiting or before every shard is done (shards not started then never
+  // start; CPU shards stop between blocks), the store's errors for a kept
+  // result (RESOURCE_EXHAUSTED naming the cap or quota), or the first
+  // shard's error.
   absl::StatusOr<OpResult> Gemm(const GemmSpec& spec, const CallContext& call = {});
   absl::StatusOr<OpResult> Gemv(const GemvSpec& spec, const CallContext& call = {});
   absl::StatusOr<OpResult> Reduce(const ReduceSpec& spec, const CallContext& call = {});
@@ -171,11 +177,14 @@ class Engine {
                                                              const CallContext& call,
                                                              OpResult* result);
   // Runs every shard of `plan` on its device concurrently: the first on the
-  // calling thread, each other on a thread of its own. Attributes to each
-  // shard `shard_work(plan, shard)` and reports it to the observer; returns
-  // the timings in plan order, or the first failed shard's error.
+  // calling thread, each other on a thread of its own; a shard whose call is
+  // cancelled by the time it would start is not started (CANCELLED).
+  // Attributes to each shard `shard_work(plan, shard)` and reports it to the
+  // observer; returns the timings in plan order, or the first failed shard's
+  // error.
   absl::StatusOr<std::vector<ShardTiming>> RunShards(OpKind op, DType dtype, const ShardPlan& plan,
                                                      const ShardWork& shard_work,
+                                                     const CallContext& call,
                                                      const RunShard& run_shard);
 
   std::string backend_;

@@ -466,19 +466,51 @@ ComputeService::Call ComputeService::StartCall(grpc::CallbackServerContext* cont
   return Call{context, absl::Now(), absl::FromChrono(context->deadline()), OwnerOf(*context)};
 }
 
+bool ComputeService::Abandoned(const Call& call) const {
+  return cancel_operations_.load(std::memory_order_relaxed) || call.context->IsCancelled() ||
+         absl::Now() >= call.deadline;
+}
+
+absl::Status ComputeService::AbandonedStatus(const Call& call, absl::string_view when) const {
+  if (cancel_operations_.load(std::memory_order_relaxed)) {
+    return absl::UnavailableError(
+        absl::StrCat("the server is shutting down and stopped the operation ", when,
+                     " (--shutdown_timeout); retry on another replica"));
+  }
+  if (call.context->IsCancelled()) return absl::CancelledError("the call was cancelled");
+  if (absl::Now() >= call.deadline) {
+    return absl::DeadlineExceededError(absl::StrCat("the deadline passed ", when));
+  }
+  return absl::OkStatus();
+}
+
 void ComputeService::WhenAdmitted(
     Admission& admission, int64_t bytes, const Call& call,
     absl::AnyInvocable<void(absl::StatusOr<Admission::Ticket>)> then) {
-  grpc::CallbackServerContext* context = call.context;
   // Set once AdmitAsync has returned: an admission after that goes to a
   // worker (the thread that made room must not run the rest of this call).
   // A refusal is told where it is decided: ending a call is quick, and it
-  // must reach the client before the client's deadline.
+  // must reach the client before the client's deadline. The wait gives up
+  // once the call is abandoned (Abandoned, asked by Expire on the watch's
+  // thread), and says why as AbandonedStatus does: UNAVAILABLE once
+  // CancelOperations() was called. (The call is copied: cheap, and alive
+  // for as long as the wait.)
   auto returned = std::make_shared<std::atomic<bool>>(false);
   admission.AdmitAsync(
-      bytes, AdmissionDeadline(call), [context] { return context->IsCancelled(); },
-      [this, returned, then = std::move(then)](absl::StatusOr<Admission::Ticket> ticket) mutable {
-        if (!returned->load() || !ticket.ok()) {
+      bytes, AdmissionDeadline(call), [this, call] { return Abandoned(call); },
+      [this, call, returned,
+       then = std::move(then)](absl::StatusOr<Admission::Ticket> ticket) mutable {
+        if (!ticket.ok()) {
+          if (absl::IsCancelled(ticket.status())) {
+            if (absl::Status gone = AbandonedStatus(call, "before the operation started");
+                !gone.ok()) {
+              ticket = std::move(gone);
+            }
+          }
+          then(std::move(ticket));
+          return;
+        }
+        if (!returned->load()) {
           then(std::move(ticket));
           return;
         }
@@ -539,6 +571,12 @@ void ComputeService::Admitted(int64_t host_bytes, Holding* holding) {
 template <typename Request, typename Response>
 absl::Status ComputeService::Execute(const Request& request, Response* response, const Call& call,
                                      Holding* holding) {
+  // An operation whose caller left while it waited (to be received, for
+  // admission or for a worker) is not even validated; what it holds goes.
+  if (absl::Status gone = AbandonedStatus(call, "before the operation started"); !gone.ok()) {
+    Admitted(0, holding);
+    return gone;
+  }
   const absl::Time decode_start = absl::Now();
   StoreResolver handles(engine_->store(), call.owner);
   auto spec = Parse(request, options_.limits, &handles);
@@ -563,17 +601,21 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     holding->more_bytes = host_bytes;
     return absl::OkStatus();
   }
+  // Admitted in full: the operation leaves the queue (exactly once: the
+  // holding remembers it) and holds what it needs.
   Admitted(host_bytes, holding);
-  grpc::CallbackServerContext* context = call.context;
-  if (context->IsCancelled()) return absl::CancelledError("the call was cancelled");
-  if (absl::Now() >= call.deadline) {
-    metrics_->ObserveQueue(queue_seconds);
-    return absl::DeadlineExceededError("the deadline passed before the operation started");
+  if (absl::Status gone = AbandonedStatus(call, "before the operation started"); !gone.ok()) {
+    if (!absl::IsCancelled(gone)) metrics_->ObserveQueue(queue_seconds);
+    return gone;
   }
+  // Asked by the engine before each shard, by the devices' admission while
+  // it waits and by CPU kernels between blocks: all of them within this
+  // function.
+  const CancelCheck abandoned = [this, &call] { return Abandoned(call); };
   // The devices' own admission waits no longer than the server's.
   CallContext call_context;
   call_context.deadline = AdmissionDeadline(call);
-  call_context.cancelled = [context] { return context->IsCancelled(); };
+  call_context.cancelled = abandoned;
   call_context.owner = call.owner;
   call_context.resident = handles.held();
   absl::StatusOr<OpResult> result = Run(*engine_, *spec, call_context);
@@ -581,6 +623,10 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   metrics_->ObserveQueue(queue_seconds + (result.ok() ? result->device_wait_seconds : 0));
   if (!result.ok()) {
     if (on_no_healthy_device_ && !engine_->AnyHealthy()) on_no_healthy_device_();
+    // Stopped part-way: say why.
+    if (absl::IsCancelled(result.status())) {
+      RETURN_IF_ERROR(AbandonedStatus(call, "while the operation ran"));
+    }
     return result.status();
   }
   const absl::Time encode_start = absl::Now();
@@ -589,10 +635,7 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   // dropped unpublished instead. (A caller that goes just after this still
   // leaves its results to the lease.)
   const bool kept = result->kept_output != nullptr || result->kept_lse != nullptr;
-  if (kept && context->IsCancelled()) return absl::CancelledError("the call was cancelled");
-  if (kept && absl::Now() >= call.deadline) {
-    return absl::DeadlineExceededError("the deadline passed while the operation ran");
-  }
+  if (kept) RETURN_IF_ERROR(AbandonedStatus(call, "while the operation ran"));
   if (result->kept_output != nullptr) engine_->store().Publish(result->kept_output);
   if (result->kept_lse != nullptr) engine_->store().Publish(result->kept_lse);
   FillResponse(*result, response);

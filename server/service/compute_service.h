@@ -126,6 +126,13 @@ class ComputeService final : public ComputeServiceBase {
   // once; calls already accepted, and items of open Batch streams, go on.
   void StartDraining() { draining_ = true; }
 
+  // Stops every operation accepted and not yet answered (unary calls and
+  // Batch items): those waiting for admission or a worker give up, those
+  // computing stop (CPU kernels between blocks; shards not started are
+  // dropped), and each is answered UNAVAILABLE (retryable elsewhere). For
+  // shutdown once its timeout has passed; for good.
+  void CancelOperations() { cancel_operations_ = true; }
+
   // Blocks until no operation is running or queued (unary calls and Batch
   // items) and every call of this service that was accepted is done with
   // (its answer sent, its stream closed), or until `deadline`. True when
@@ -164,6 +171,15 @@ class ComputeService final : public ComputeServiceBase {
   };
 
   Call StartCall(grpc::CallbackServerContext* context) const;
+  // True once nobody waits for `call`'s result: the client cancelled or
+  // passed its deadline, or CancelOperations() was called. Cheap; may be
+  // asked from any thread while the call is open.
+  bool Abandoned(const Call& call) const;
+  // Why `call`'s operation stops, `when` ("before the operation started",
+  // "while the operation ran") said in the message: UNAVAILABLE after
+  // CancelOperations(), CANCELLED when the client cancelled,
+  // DEADLINE_EXCEEDED past the deadline; OK while the result is wanted.
+  absl::Status AbandonedStatus(const Call& call, absl::string_view when) const;
   // When waiting for admission (the server's and the devices') ends for
   // `call`: a tenth of the call's time (20 ms to 1 s) before its deadline, so
   // that the refusal (RESOURCE_EXHAUSTED) reaches the client before the
@@ -174,7 +190,9 @@ class ComputeService final : public ComputeServiceBase {
   // Waits (without blocking) for `bytes` of `admission` for `call`, then
   // calls `then` with the ticket or the refusal: on this thread when that is
   // decided at once, a later ticket on a worker thread, a later refusal on
-  // the thread that decides it (the watch's). `then` must not block.
+  // the thread that decides it (the watch's). `then` must not block. The
+  // wait ends once `call` is abandoned (Abandoned), refused as
+  // AbandonedStatus says (UNAVAILABLE after CancelOperations()).
   void WhenAdmitted(Admission& admission, int64_t bytes, const Call& call,
                     absl::AnyInvocable<void(absl::StatusOr<Admission::Ticket>)> then);
 
@@ -223,7 +241,9 @@ class ComputeService final : public ComputeServiceBase {
   // and calls again. Otherwise the ticket shrinks to what the operation
   // needs, the raw request and the receive slot are let go, the operation
   // leaves the queue, and `response` is filled on success. The caller holds
-  // the ticket until the answer is sent.
+  // the ticket until the answer is sent. An operation whose call is
+  // abandoned (Abandoned) before it starts or while it runs stops, with
+  // AbandonedStatus's code (UNAVAILABLE after CancelOperations()).
   template <typename Request, typename Response>
   absl::Status Execute(const Request& request, Response* response, const Call& call,
                        Holding* holding);
@@ -283,6 +303,7 @@ class ComputeService final : public ComputeServiceBase {
   Metrics* const metrics_;
   const ServiceOptions options_;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> cancel_operations_{false};
   // Operations running on gRPC's threads now (OpCall: small requests).
   std::atomic<int> inline_ops_{0};
   // Multi-part uploads in progress, by owner and upload_id.

@@ -28,8 +28,6 @@
 namespace gpucompute {
 namespace {
 
-// Most parts of one upload.
-constexpr int kMaxParts = 64;
 // Download chunks: the default, and the bounds of what a client may ask.
 constexpr int64_t kDefaultChunkBytes = int64_t{4} << 20;
 constexpr int64_t kMaxChunkBytes = int64_t{64} << 20;
@@ -282,30 +280,9 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
   absl::Status Begin(const v1::UploadRequest& first) {
     if (!first.has_header()) return Invalid("header", "missing in the first message");
     const v1::UploadHeader& h = first.header();
-    ASSIGN_OR_RETURN(const int64_t bytes, TensorBytes(h.dtype(), h.shape(), "header"));
-    if (h.parts() < 0 || h.parts() > kMaxParts) {
-      return Invalid("header.parts",
-                     absl::StrCat("expected 0 to ", kMaxParts, " but got ", h.parts()));
-    }
-    if (h.parts() <= 1) {
-      if (h.part_begin() != 0 || (h.part_end() != 0 && h.part_end() != bytes)) {
-        return Invalid("header.part_begin",
-                       "a single-stream upload carries the whole tensor (leave the part unset)");
-      }
-      begin_ = 0;
-      end_ = bytes;
-    } else {
-      if (h.upload_id().empty()) {
-        return Invalid("header.upload_id", "required when the upload has several parts");
-      }
-      if (h.part_begin() < 0 || h.part_end() < h.part_begin() || h.part_end() > bytes) {
-        return Invalid("header.part_begin",
-                       absl::StrCat("part [", h.part_begin(), ", ", h.part_end(),
-                                    ") is not within the tensor's ", bytes, " bytes"));
-      }
-      begin_ = h.part_begin();
-      end_ = h.part_end();
-    }
+    ASSIGN_OR_RETURN(const UploadPart part, ParseUploadHeader(h));
+    begin_ = part.begin;
+    end_ = part.end;
     next_ = begin_;
     ASSIGN_OR_RETURN(std::shared_ptr<UploadAssembly> assembly, service_->JoinUpload(owner_, h));
     tensor_ = assembly->Tensor();

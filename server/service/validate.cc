@@ -78,6 +78,13 @@ absl::StatusOr<TensorView> ResolveTensor(const v1::Tensor& tensor, absl::string_
         absl::StrCat(field, ".data"),
         absl::StrCat("expected no bytes beside a handle but got ", tensor.data().size()));
   }
+  // No resident tensor has a longer shape; one is refused before it would
+  // be echoed in a message below.
+  if (tensor.shape_size() > kMaxTensorRank) {
+    return Invalid(absl::StrCat(field, ".shape"),
+                   absl::StrCat("rank ", tensor.shape_size(), " exceeds the largest supported, ",
+                                kMaxTensorRank));
+  }
   ASSIGN_OR_RETURN(TensorView view,
                    handles->Resolve(tensor.handle(), absl::StrCat(field, ".handle")));
   if (tensor.dtype() != v1::DTYPE_UNSPECIFIED) {
@@ -562,6 +569,35 @@ absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request
                                    ForOutput(limits, spec.options))
                       .status());
   return spec;
+}
+
+absl::StatusOr<UploadPart> ParseUploadHeader(const v1::UploadHeader& header) {
+  UploadPart part;
+  ASSIGN_OR_RETURN(part.bytes, TensorBytes(header.dtype(), header.shape(), "header"));
+  if (header.parts() < 0 || header.parts() > kMaxUploadParts) {
+    return Invalid("header.parts",
+                   absl::StrCat("expected 0 to ", kMaxUploadParts, " but got ", header.parts()));
+  }
+  if (header.parts() <= 1) {
+    if (header.part_begin() != 0 || (header.part_end() != 0 && header.part_end() != part.bytes)) {
+      return Invalid("header.part_begin",
+                     "a single-stream upload carries the whole tensor (leave the part unset)");
+    }
+    part.end = part.bytes;
+    return part;
+  }
+  if (header.upload_id().empty()) {
+    return Invalid("header.upload_id", "required when the upload has several parts");
+  }
+  if (header.part_begin() < 0 || header.part_end() < header.part_begin() ||
+      header.part_end() > part.bytes) {
+    return Invalid("header.part_begin",
+                   absl::StrCat("part [", header.part_begin(), ", ", header.part_end(),
+                                ") is not within the tensor's ", part.bytes, " bytes"));
+  }
+  part.begin = header.part_begin();
+  part.end = header.part_end();
+  return part;
 }
 
 }  // namespace gpucompute

@@ -90,6 +90,24 @@ absl::StatusOr<AttentionSpec> ParseAttention(const v1::AttentionRequest& request
                                              const Limits& limits = {},
                                              HandleResolver* handles = nullptr);
 
+// Most parts (streams) one upload may be split into.
+inline constexpr int kMaxUploadParts = 64;
+
+// What one Upload stream carries: the bytes [begin, end) of a tensor of
+// `bytes` bytes.
+struct UploadPart {
+  int64_t bytes = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// Validates the header of an Upload stream: the tensor's dtype and shape (as
+// TensorBytes), parts 0 to kMaxUploadParts, and the stream's part: the whole
+// tensor for parts 0 or 1 (part_begin and part_end unset, or part_end the
+// tensor's bytes), else an upload_id and a part within the tensor.
+// INVALID_ARGUMENT naming the field ("header.parts", ...).
+absl::StatusOr<UploadPart> ParseUploadHeader(const v1::UploadHeader& header);
+
 }  // namespace gpucompute
 
 #endif  // GPUCOMPUTE_SERVER_SERVICE_VALIDATE_H_

@@ -83,5 +83,22 @@ TEST(NpyTest, RejectsWhatItCannotRead) {
   EXPECT_EQ(ReadNpy("/nonexistent/x.npy").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A type string is a byte order, a kind letter and a size in digits: what
+// SerializeNpy writes back. "<'4" in double quotes was read, then written
+// as '<'4', which no reader takes (tests/fuzz/fuzz_npy's round trip).
+TEST(NpyTest, TypeStringsAreOrderKindAndDigits) {
+  EXPECT_EQ(NpyItemSize("<f4"), 4);
+  EXPECT_EQ(NpyItemSize("|b1"), 1);
+  EXPECT_EQ(NpyItemSize(">u2"), 2);
+  EXPECT_EQ(NpyItemSize("<U10"), 10);
+  for (const char* bad :
+       {"<'4", "<f+4", "<f 4", "<4", "<f", "f4", "<f4 ", "<f-4", "<f0", "<f99999999999"}) {
+    EXPECT_EQ(NpyItemSize(bad), 0) << bad;
+  }
+  EXPECT_FALSE(ParseNpy(NumpyFile("{\"descr\": \"<'4\", 'fortran_order': False, 'shape': (1,), }",
+                                  std::string(4, '\0')))
+                   .ok());
+}
+
 }  // namespace
 }  // namespace gpucompute

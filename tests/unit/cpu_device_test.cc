@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,6 +29,12 @@ std::unique_ptr<Device> OneDevice() { return std::move(CreateCpuDevices(1, {})[0
 Device& SharedDevice() {
   static Device* device = OneDevice().release();
   return *device;
+}
+
+// A device of one thread: one task per shard, cut into blocks the same way
+// on any machine.
+std::unique_ptr<Device> OneThreadDevice() {
+  return std::make_unique<CpuDevice>(DeviceDescription{}, 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -586,6 +593,184 @@ TEST(CpuAttention, QueryRowShardsCoverTheWhole) {
   EXPECT_EQ(
       reference::CompareClose(std::vector<double>(lse.begin(), lse.end()), want.lse, 1e-4, 1e-5),
       "");
+}
+
+// ---------------------------------------------------------------------------
+// Work in blocks, and cancellation between them
+// ---------------------------------------------------------------------------
+
+// Rows `rows` of the GEMM of `g` in float64 (a sample: the whole reference of
+// a large GEMM takes seconds).
+std::vector<double> GemmReferenceRows(const testing::GemmCase& g,
+                                      const std::vector<int64_t>& rows) {
+  const GemmSpec& s = g.spec;
+  const std::vector<double> a = testing::Doubles(g.a), b = testing::Doubles(g.b);
+  std::vector<double> c;
+  if (g.c) c = testing::Doubles(*g.c);
+  std::vector<double> out;
+  for (int64_t i : rows) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < s.k; ++p) {
+        sum += a[size_t(s.trans_a ? p * s.m + i : i * s.k + p)] *
+               b[size_t(s.trans_b ? j * s.k + p : p * s.n + j)];
+      }
+      out.push_back(s.alpha * sum + (g.c ? s.beta * c[size_t(i * s.n + j)] : 0.0));
+    }
+  }
+  return out;
+}
+
+TEST(CpuBlocks, GemmInCallsOfBoundedWorkMatchesReference) {
+  // Large enough that the one task is cut into several CBLAS calls: along
+  // the rows (2048 x 1024 x 1024), along both (512 x 4096 x 1024).
+  std::unique_ptr<Device> device = OneThreadDevice();
+  struct Case {
+    int64_t m, n, k;
+    bool trans_b;
+    double beta;
+    DType dtype;
+  };
+  for (const Case& c : {Case{2048, 1024, 1024, false, 0.5, DType::kFloat32},
+                        Case{512, 4096, 1024, true, 0, DType::kBFloat16}}) {
+    SCOPED_TRACE(absl::StrCat(c.m, "x", c.n, "x", c.k, " ", testing::DTypeTag(c.dtype)));
+    testing::GemmCase g =
+        testing::MakeGemm(c.dtype, 1, c.m, c.n, c.k, false, c.trans_b, 1.0, c.beta);
+    HostTensor out = testing::FilledTensor(c.dtype, g.spec.out_shape, 0xff);
+    ASSERT_TRUE(device->Gemm(g.spec, {0, c.m}, out.mutable_data()).ok());
+    const std::vector<int64_t> rows = {0, 1, 255, 256, 511, c.m / 2, c.m / 2 + 1, c.m - 1};
+    const std::vector<double> all = testing::Doubles(out);
+    std::vector<double> got;
+    for (int64_t i : rows) {
+      got.insert(got.end(), all.begin() + i * c.n, all.begin() + (i + 1) * c.n);
+    }
+    const double rtol = reference::Rtol(c.dtype, c.k);
+    EXPECT_EQ(reference::CompareClose(got, GemmReferenceRows(g, rows), rtol * std::sqrt(c.k), rtol),
+              "");
+  }
+}
+
+TEST(CpuBlocks, GemvInSubBlocksMatchesReference) {
+  // fp32 A of 9000 x 1000: sub-blocks of 4194 rows.
+  testing::GemvCase g = testing::MakeGemv(DType::kFloat32, 9000, 1000, 1, false, 1.0, 0.5);
+  HostTensor out = testing::FilledTensor(DType::kFloat32, g.spec.out_shape, 0xff);
+  ASSERT_TRUE(OneThreadDevice()->Gemv(g.spec, {0, 9000}, out.mutable_data()).ok());
+  const double rtol = reference::Rtol(DType::kFloat32, 1000);
+  EXPECT_EQ(reference::CompareClose(testing::Doubles(out), g.Reference(), rtol * 32, rtol), "");
+}
+
+TEST(CpuBlocks, TransposeInPiecesIsExact) {
+  // 2^24 elements and more on a device of one thread: its task moves them
+  // in several pieces, through tiles (2-D) and as row copies (the last axis
+  // kept).
+  std::unique_ptr<Device> device = OneThreadDevice();
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<int> perm;
+  };
+  for (const Case& c : {Case{{4100, 4100}, {1, 0}}, Case{{64, 4100, 64}, {1, 0, 2}}}) {
+    // Every element's bits differ from its neighbours' (random values would
+    // take longer to make than the whole test).
+    HostTensor input = HostTensor::Allocate(DType::kFloat16, c.shape);
+    uint16_t* in = static_cast<uint16_t*>(input.mutable_data());
+    for (int64_t i = 0; i < input.num_elements(); ++i) in[i] = uint16_t(i * 40503);
+    TransposeSpec spec;
+    spec.input = input.view();
+    spec.rank = int(c.shape.size());
+    for (int a = 0; a < spec.rank; ++a) {
+      spec.in_shape[a] = c.shape[a];
+      spec.perm[a] = c.perm[a];
+      spec.out_shape.push_back(c.shape[c.perm[a]]);
+    }
+    spec.options.output_dtype = DType::kFloat16;
+    HostTensor out = testing::FilledTensor(DType::kFloat16, spec.out_shape, 0xff);
+    ASSERT_TRUE(device->Transpose(spec, 1, {0, spec.out_shape[0]}, out.mutable_data()).ok());
+    // Element (i, j, l) of the output is element (j, i, l) of the input.
+    const uint16_t* got = static_cast<const uint16_t*>(out.view().data);
+    const int64_t d0 = c.shape[0], d1 = c.shape[1], d2 = c.shape.size() == 3 ? c.shape[2] : 1;
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < d1; ++i) {
+      for (int64_t j = 0; j < d0; ++j) {
+        for (int64_t l = 0; l < d2; ++l) {
+          wrong += got[(i * d0 + j) * d2 + l] != in[(j * d1 + i) * d2 + l];
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "shape " << c.shape[0] << "x" << c.shape[1];
+  }
+}
+
+TEST(CpuCancellation, EveryOperationOfACancelledCallStopsAtOnce) {
+  const CancelCheck cancelled = [] { return true; };
+  testing::GemmCase gemm = testing::MakeGemm(DType::kFloat32, 1, 64, 64, 64);
+  gemm.spec.options.cancelled = cancelled;
+  HostTensor c = testing::FilledTensor(DType::kFloat32, gemm.spec.out_shape, 0);
+  EXPECT_EQ(SharedDevice().Gemm(gemm.spec, {0, 64}, c.mutable_data()).status().code(),
+            absl::StatusCode::kCancelled);
+  testing::GemvCase gemv = testing::MakeGemv(DType::kBFloat16, 64, 64, 1);
+  gemv.spec.options.cancelled = cancelled;
+  HostTensor y = testing::FilledTensor(DType::kBFloat16, gemv.spec.out_shape, 0);
+  EXPECT_EQ(SharedDevice().Gemv(gemv.spec, {0, 64}, y.mutable_data()).status().code(),
+            absl::StatusCode::kCancelled);
+  testing::ReduceCase reduce = testing::MakeReduce(DType::kFloat32, {4, 1000}, 1, ReduceKind::kSum);
+  reduce.spec.options.cancelled = cancelled;
+  HostTensor r = testing::FilledTensor(DType::kFloat32, reduce.spec.out_shape, 0);
+  EXPECT_EQ(SharedDevice()
+                .Reduce(reduce.spec, {0, 4}, {0, 1000}, false, r.mutable_data())
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  std::vector<float> partials(4 * 2);
+  EXPECT_EQ(
+      SharedDevice().ReduceChunks(reduce.spec, {0, 4}, {0, 1000}, partials.data()).status().code(),
+      absl::StatusCode::kCancelled);
+  testing::TransposeCase transpose = testing::MakeTranspose(DType::kFloat16, {33, 127}, {1, 0});
+  transpose.spec.options.cancelled = cancelled;
+  HostTensor t = testing::FilledTensor(DType::kFloat16, transpose.spec.out_shape, 0);
+  EXPECT_EQ(SharedDevice().Transpose(transpose.spec, 1, {0, 127}, t.mutable_data()).status().code(),
+            absl::StatusCode::kCancelled);
+  testing::AttentionCase attention =
+      testing::MakeAttention(DType::kFloat32, 1, 2, 1, 33, 65, 64, false);
+  attention.spec.options.cancelled = cancelled;
+  HostTensor o = testing::FilledTensor(DType::kFloat32, attention.spec.out_shape, 0);
+  std::vector<float> lse(2 * 33);
+  EXPECT_EQ(SharedDevice()
+                .Attention(attention.spec, {0, 2}, {0, 33}, o.mutable_data(), lse.data())
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+}
+
+TEST(CpuCancellation, GemmStopsBetweenBlocks) {
+  // Naive 512^3 on one thread: four blocks of 128 rows, each many
+  // milliseconds. The call is cancelled once the first block has started.
+  std::unique_ptr<Device> device = OneThreadDevice();
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 512, 512, 512);
+  g.spec.options.variant = "naive";
+  std::atomic<int> asked{0};
+  g.spec.options.cancelled = [&asked] { return ++asked > 1; };
+  HostTensor out = testing::FilledTensor(DType::kFloat32, g.spec.out_shape, 0xff);
+  absl::StatusOr<ShardRun> run = device->Gemm(g.spec, {0, 512}, out.mutable_data());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kCancelled) << run.status();
+  EXPECT_EQ(asked.load(), 2) << "asked again after saying stop";
+  // The last rows were never computed.
+  const std::vector<double> got = testing::Doubles(out);
+  EXPECT_TRUE(std::isnan(got.back()));
+}
+
+TEST(CpuCancellation, ACheckThatNeverFiresChangesNoBit) {
+  for (const char* variant : {"openblas", "naive"}) {
+    SCOPED_TRACE(variant);
+    testing::GemmCase g =
+        testing::MakeGemm(DType::kBFloat16, 2, 300, 200, 100, true, false, 1, 0.5);
+    g.spec.options.variant = variant;
+    HostTensor plain = testing::FilledTensor(DType::kBFloat16, g.spec.out_shape, 0);
+    ASSERT_TRUE(SharedDevice().Gemm(g.spec, {0, 300}, plain.mutable_data()).ok());
+    g.spec.options.cancelled = [] { return false; };
+    HostTensor checked = testing::FilledTensor(DType::kBFloat16, g.spec.out_shape, 0);
+    ASSERT_TRUE(SharedDevice().Gemm(g.spec, {0, 300}, checked.mutable_data()).ok());
+    EXPECT_EQ(plain.data, checked.data);
+  }
 }
 
 TEST(CpuDevices, FactoryDescribesEveryDevice) {

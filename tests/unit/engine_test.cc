@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -415,6 +416,76 @@ TEST(EngineHealth, AFailedShardFailsTheOperation) {
   // Failed shards leave nothing counted in flight.
   EXPECT_EQ(engine.InflightShards(0), 0);
   EXPECT_EQ(engine.InflightShards(1), 0);
+}
+
+// A CPU device that counts the shards it is given and what it is told of
+// their call: whether the check is set, and what it said at the start.
+class WatchingDevice : public testing::ForwardingDevice {
+ public:
+  WatchingDevice(std::unique_ptr<Device> inner, std::function<void()> on_start)
+      : ForwardingDevice(std::move(inner)), on_start_(std::move(on_start)) {}
+  absl::StatusOr<ShardRun> Gemm(const GemmSpec& spec, Range rows, OutputView out) override {
+    ++started;
+    if (spec.options.cancelled) ++checked;
+    if (on_start_) on_start_();
+    return ForwardingDevice::Gemm(spec, rows, out);
+  }
+  std::atomic<int> started{0};
+  std::atomic<int> checked{0};
+
+ private:
+  std::function<void()> on_start_;
+};
+
+TEST(EngineCancellation, ACancelledCallStartsNoShard) {
+  std::vector<std::unique_ptr<Device>> devices;
+  std::vector<WatchingDevice*> watched;
+  for (std::unique_ptr<Device>& cpu : CreateCpuDevices(2, {})) {
+    devices.push_back(std::make_unique<WatchingDevice>(std::move(cpu), nullptr));
+    watched.push_back(static_cast<WatchingDevice*>(devices.back().get()));
+  }
+  CountingObserver observer;
+  Engine engine("cpu", std::move(devices), &observer);
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 100, 7, 7);
+  CallContext call;
+  std::atomic<bool> gone{false};
+  call.cancelled = [&gone] { return gone.load(); };
+
+  // Wanted: every shard runs, told how to learn that its call has gone.
+  ASSERT_TRUE(engine.Gemm(g.spec, call).ok());
+  for (WatchingDevice* d : watched) {
+    EXPECT_EQ(d->started.load(), 1);
+    EXPECT_EQ(d->checked.load(), 1);
+  }
+  // Gone: no shard starts, none is reported.
+  gone = true;
+  EXPECT_EQ(engine.Gemm(g.spec, call).status().code(), absl::StatusCode::kCancelled);
+  testing::ReduceCase r =
+      testing::MakeReduce(DType::kFloat32, {4, 3 * kReduceChunk}, 1, ReduceKind::kSum);
+  EXPECT_EQ(engine.Reduce(r.spec, call).status().code(), absl::StatusCode::kCancelled);
+  testing::AttentionCase a = testing::MakeAttention(DType::kFloat32, 1, 2, 1, 33, 65, 64, false);
+  EXPECT_EQ(engine.Attention(a.spec, call).status().code(), absl::StatusCode::kCancelled);
+  for (WatchingDevice* d : watched) EXPECT_EQ(d->started.load(), 1);
+  EXPECT_EQ(observer.shards.load(), 2);
+  EXPECT_EQ(engine.InflightShards(0), 0);
+  EXPECT_EQ(engine.InflightShards(1), 0);
+}
+
+TEST(EngineCancellation, ShardsOfACallThatGoesStop) {
+  // The call goes as the first shard starts: no shard completes, whether
+  // it had not started yet or stops between its blocks.
+  std::atomic<bool> gone{false};
+  std::vector<std::unique_ptr<Device>> devices;
+  for (std::unique_ptr<Device>& cpu : CreateCpuDevices(3, {})) {
+    devices.push_back(std::make_unique<WatchingDevice>(std::move(cpu), [&gone] { gone = true; }));
+  }
+  CountingObserver observer;
+  Engine engine("cpu", std::move(devices), &observer);
+  testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 1, 300, 64, 64);
+  CallContext call;
+  call.cancelled = [&gone] { return gone.load(); };
+  EXPECT_EQ(engine.Gemm(g.spec, call).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(observer.shards.load(), 0);
 }
 
 // A CPU device that reports the cost `cost`, as a GPU would.

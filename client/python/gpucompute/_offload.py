@@ -75,6 +75,14 @@ class Plan:
         return (value, response.timings) if timings else value
 
 
+def _is_repeated(field) -> bool:
+    """Whether `field` is repeated: `is_repeated` on protobuf 5.28 and later (whose newest
+    runtimes have no `label`), `label` on older ones (Debian's 3.21)."""
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return field.label == field.LABEL_REPEATED
+
+
 def plan(request: ops.Request, settings: Settings) -> Optional[Plan]:
     """The Plan of a request whose inline operands hold offload_min_bytes or more, else None
     (one message): offload_min_bytes <= 0, an operation that is not offloaded, or calls
@@ -92,7 +100,7 @@ def plan(request: ops.Request, settings: Settings) -> Optional[Plan]:
     total = 0
     for field, t in request.message.ListFields():
         if field.message_type is None or field.message_type.full_name != _TENSOR or \
-                field.label == field.LABEL_REPEATED or t.handle:
+                _is_repeated(field) or t.handle:
             continue
         data = beside.get(field.number)
         if data is None:

@@ -274,3 +274,22 @@ def test_asyncio_client_offloads_the_same_way(server, small_quota_server):
             assert not (await c.list_tensors()).tensors
 
     asyncio.run(main())
+
+
+def test_repeated_fields_are_told_on_every_protobuf_runtime():
+    """protobuf 7's descriptors have `is_repeated` and no `label` (the offload once failed on
+    them); 3.21's have `label` only."""
+    from gpucompute import _offload
+
+    class New:  # protobuf 5.28 and later
+        is_repeated = True
+
+    class Old:  # protobuf 3.21
+        LABEL_REPEATED = 3
+        label = 1
+
+    assert _offload._is_repeated(New())
+    assert not _offload._is_repeated(Old())
+    from gpucompute.v1 import compute_pb2
+    field = compute_pb2.GemmRequest.DESCRIPTOR.fields_by_name["a"]
+    assert not _offload._is_repeated(field)

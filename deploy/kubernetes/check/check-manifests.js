@@ -176,10 +176,30 @@ function policyProblems(docs, serverFlags) {
       const drop = (sc.capabilities && sc.capabilities.drop) || [];
       if (!drop.includes("ALL")) problems.push(`${cat}: capabilities.drop lacks ALL`);
       if (sc.capabilities && (sc.capabilities.add || []).length) problems.push(`${cat}: adds capabilities`);
-      for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
-        if (!c[probe] || !c[probe].grpc) problems.push(`${cat}: no gRPC ${probe}`);
-      }
       const flags = flagsOf(c.args);
+      // Probes: kubelet's gRPC probe, which speaks plaintext only; with TLS
+      // on the port, the CLI's health command in the container, over TLS.
+      // Either way readiness asks for the compute service (NOT_SERVING while
+      // draining), and with tokens health must be exempt from them.
+      const tls = flags.tls_cert !== undefined;
+      if (flags.token_file !== undefined && flags.auth_exempt_health === "false") {
+        problems.push(`${cat}: --token_file with --auth_exempt_health=false: the probes have no token`);
+      }
+      for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+        const p = c[probe];
+        const wantService = probe === "readinessProbe" ? "gpucompute.v1.Compute" : undefined;
+        if (!tls) {
+          if (!p || !p.grpc) problems.push(`${cat}: no gRPC ${probe}`);
+          else if (p.grpc.service !== wantService) problems.push(`${cat}: ${probe} asks for service ${p.grpc.service}`);
+          continue;
+        }
+        const command = (p && p.exec && p.exec.command) || [];
+        if (command[0] !== "gpucompute" || !command.includes("health") || !command.includes("--tls")) {
+          problems.push(`${cat}: ${probe} is not "gpucompute --tls ... health" (the port serves TLS)`);
+        } else if (flagsOf(command.slice(1)).service !== wantService) {
+          problems.push(`${cat}: ${probe} asks for service ${flagsOf(command.slice(1)).service}`);
+        }
+      }
       if (serverFlags) {
         for (const name of Object.keys(flags)) {
           if (!serverFlags.has(name)) problems.push(`${cat}: --${name} is not a gpucompute-server flag`);
@@ -295,6 +315,13 @@ function selfTest(docs, serverFlags) {
       r.limits.memory = r.requests.memory = "1Gi";
     }, /memory limit 1Gi/],
     ["an unknown server flag", (d) => { d.spec.template.spec.containers[0].args.push("--max_inflight_byte=1"); }, /not a gpucompute-server flag/],
+    ["plaintext probes of a TLS port", (d) => {
+      d.spec.template.spec.containers[0].args.push("--tls_cert=/c", "--tls_key=/k");
+    }, /readinessProbe is not "gpucompute --tls/],
+    ["probes without a token", (d) => {
+      d.spec.template.spec.containers[0].args.push("--token_file=/t", "--auth_exempt_health=false");
+    }, /--auth_exempt_health=false/],
+    ["readiness of the whole server", (d) => { delete d.spec.template.spec.containers[0].readinessProbe.grpc.service; }, /readinessProbe asks for service/],
   ];
   const problems = [];
   for (const [name, breakIt, expected] of breaks) {

@@ -3,7 +3,9 @@
 # `kubectl kustomize` and checks the output (check-manifests.js: the API
 # schemas, unknown fields, gpucompute's rules), after a self-test that the
 # checks catch what they should.
-#   deploy/kubernetes/check/check.sh WORKDIR [SERVER_BINARY]
+#   deploy/kubernetes/check/check.sh WORKDIR [SERVER_BINARY [CLI_BINARY]]
+# With both binaries, the probes of the overlays that serve TLS also run
+# against a live server (probe-live.js).
 # WORKDIR holds the checker's npm packages (installed from package-lock.json
 # on first use, and again when the lock changes) and the renders.
 set -euo pipefail
@@ -11,6 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 kube=$(dirname "$here")
 work=${1:?usage: check.sh WORKDIR [SERVER_BINARY]}
 server=${2:-}
+cli=${3:-}
 mkdir -p "$work/rendered"
 
 kubectl=${KUBECTL:-$(command -v kubectl || true)}
@@ -31,7 +34,7 @@ if ! cmp -s "$here/package-lock.json" "$stamp" 2>/dev/null; then
   (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
   cp "$here/package-lock.json" "$stamp"
 fi
-cp "$here/check-manifests.js" "$work/"
+cp "$here/check-manifests.js" "$here/probe-live.js" "$work/"
 
 echo "check.sh: $("$kubectl" version --client 2>/dev/null | head -1)"
 rendered=()
@@ -54,3 +57,8 @@ if [ -n "$server" ]; then
   node "$work/check-manifests.js" "${args[@]}" --self-test "$work/rendered/overlays-gpu-node.yaml"
 fi
 node "$work/check-manifests.js" "${args[@]}" "${rendered[@]}"
+if [ -n "$server" ] && [ -n "$cli" ]; then
+  for out in "${rendered[@]}"; do
+    if grep -q -- "--tls_cert=" "$out"; then node "$work/probe-live.js" "$out" "$server" "$cli"; fi
+  done
+fi

@@ -36,19 +36,26 @@ int64_t PhysicalMemoryBytes() {
   return int64_t{pages} * int64_t{page_size};
 }
 
-// Runs `kernel` (which may throw std::bad_alloc from its working buffers) as
-// one shard of `op` named `variant`, timed on the host clock; an allocation
-// failure is RESOURCE_EXHAUSTED.
+// Runs `kernel(stop)` (which may throw std::bad_alloc from its working
+// buffers) as one shard of `op` named `variant`, timed on the host clock,
+// its blocks stopping once `options.cancelled` says so. An allocation
+// failure is RESOURCE_EXHAUSTED; a shard stopped before its end, CANCELLED.
 template <typename Kernel>
-absl::StatusOr<ShardRun> Timed(OpKind op, std::string variant, Kernel&& kernel) {
+absl::StatusOr<ShardRun> Timed(OpKind op, std::string variant, const OpOptions& options,
+                               Kernel&& kernel) {
   ShardRun run;
   run.variant = std::move(variant);
+  cpu::ShardStop stop(options.cancelled);
   const auto start = Clock::now();
   try {
-    kernel();
+    kernel(stop);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(
         std::string(OpName(op)), ": out of host memory for the shard's working buffers"));
+  }
+  if (stop.stopped()) {
+    return absl::CancelledError(
+        absl::StrCat(std::string(OpName(op)), ": the call was cancelled; the shard stopped"));
   }
   run.kernel_seconds = SecondsSince(start);
   return run;
@@ -168,45 +175,56 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> CpuDevice::Replicate(const DeviceB
 
 absl::StatusOr<ShardRun> CpuDevice::Gemm(const GemmSpec& spec, Range rows, OutputView c_out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kGemm, spec.options.variant));
-  return Timed(OpKind::kGemm, Variants(OpKind::kGemm)[variant],
-               [&] { cpu::GemmRows(*pool_, spec, rows, /*naive=*/variant == 1, c_out.data); });
+  return Timed(OpKind::kGemm, Variants(OpKind::kGemm)[variant], spec.options,
+               [&](cpu::ShardStop& stop) {
+                 cpu::GemmRows(*pool_, spec, rows, /*naive=*/variant == 1, c_out.data, stop);
+               });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::Gemv(const GemvSpec& spec, Range rows, OutputView y_out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kGemv, spec.options.variant));
-  return Timed(OpKind::kGemv, Variants(OpKind::kGemv)[variant],
-               [&] { cpu::GemvRows(*pool_, spec, rows, /*naive=*/variant == 1, y_out.data); });
+  return Timed(OpKind::kGemv, Variants(OpKind::kGemv)[variant], spec.options,
+               [&](cpu::ShardStop& stop) {
+                 cpu::GemvRows(*pool_, spec, rows, /*naive=*/variant == 1, y_out.data, stop);
+               });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::Reduce(const ReduceSpec& spec, Range outer, Range axis,
                                            bool partial, OutputView out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kReduce, spec.options.variant));
   const cpu::ReduceOutput mode = partial ? cpu::ReduceOutput::kPartial : cpu::ReduceOutput::kFinal;
-  return Timed(OpKind::kReduce, Variants(OpKind::kReduce)[variant],
-               [&] { cpu::ReduceRows(*pool_, spec, outer, axis, mode, out.data); });
+  return Timed(OpKind::kReduce, Variants(OpKind::kReduce)[variant], spec.options,
+               [&](cpu::ShardStop& stop) {
+                 cpu::ReduceRows(*pool_, spec, outer, axis, mode, out.data, stop);
+               });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::ReduceChunks(const ReduceSpec& spec, Range outer, Range axis,
                                                  float* out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kReduce, spec.options.variant));
-  return Timed(OpKind::kReduce, Variants(OpKind::kReduce)[variant], [&] {
-    cpu::ReduceRows(*pool_, spec, outer, axis, cpu::ReduceOutput::kChunkPartials, out);
-  });
+  return Timed(
+      OpKind::kReduce, Variants(OpKind::kReduce)[variant], spec.options, [&](cpu::ShardStop& stop) {
+        cpu::ReduceRows(*pool_, spec, outer, axis, cpu::ReduceOutput::kChunkPartials, out, stop);
+      });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::Transpose(const TransposeSpec& spec, int prefix_axes,
                                               Range prefix, OutputView out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kTranspose, spec.options.variant));
-  return Timed(OpKind::kTranspose, Variants(OpKind::kTranspose)[variant],
-               [&] { cpu::TransposePrefix(*pool_, spec, prefix_axes, prefix, out.data); });
+  return Timed(OpKind::kTranspose, Variants(OpKind::kTranspose)[variant], spec.options,
+               [&](cpu::ShardStop& stop) {
+                 cpu::TransposePrefix(*pool_, spec, prefix_axes, prefix, out.data, stop);
+               });
 }
 
 absl::StatusOr<ShardRun> CpuDevice::Attention(const AttentionSpec& spec, Range heads, Range q_rows,
                                               OutputView o_out, OutputView lse_out) {
   ASSIGN_OR_RETURN(const int variant, ResolveVariant(OpKind::kAttention, spec.options.variant));
-  return Timed(OpKind::kAttention, Variants(OpKind::kAttention)[variant], [&] {
-    cpu::AttentionRows(*pool_, spec, heads, q_rows, o_out.data, static_cast<float*>(lse_out.data));
-  });
+  return Timed(OpKind::kAttention, Variants(OpKind::kAttention)[variant], spec.options,
+               [&](cpu::ShardStop& stop) {
+                 cpu::AttentionRows(*pool_, spec, heads, q_rows, o_out.data,
+                                    static_cast<float*>(lse_out.data), stop);
+               });
 }
 
 std::vector<std::unique_ptr<Device>> CreateCpuDevices(int count,

@@ -1,6 +1,8 @@
-// GEMM on the CPU: B converted to fp32 once per shard, then one
-// single-threaded CBLAS call per (batch entry, block of output rows) over the
-// pool, each block of half A converted to fp32 on its own.
+// GEMM on the CPU: B converted to fp32 once per shard, then tasks of
+// (batch entry, block of output rows) over the pool, each cut into
+// single-threaded CBLAS calls of about kBlockFlops (whole rows first, then
+// columns), with a stop check before each; each block of half A converted
+// to fp32 on its own.
 #include <vector>
 
 #include "server/device/cpu/blas.h"
@@ -9,6 +11,23 @@
 
 namespace gpucompute::cpu {
 namespace {
+
+// Work of one CBLAS call at most, where the shape allows: a cancelled shard
+// stops within one call (about 25 ms at the 40 GFLOP/s of one core of the
+// 2-core dev VM).
+constexpr int64_t kBlockFlops = int64_t{1} << 30;
+// But calls of at least this many rows and columns (fewer only where C has
+// fewer): OpenBLAS packs the panels of B (and A) afresh on each call. Against
+// one call per task (1024 x 2048 of C), calls of 64-128 rows cost 8-14% and
+// calls of 256 x 512 or 128 x 1024 25-28%; from 256 x 1024 the difference
+// was within the noise of the 2-core dev VM (a few %, k = 1024 to 4096).
+// Calls that cut the rows or columns of a task elsewhere than before can
+// change the last bits of their results (OpenBLAS's micro-tiles start
+// elsewhere), as a different number of threads already does.
+constexpr int64_t kMinBlasRows = 256;
+constexpr int64_t kMinBlasCols = 1024;
+// The naive loops compute row by row: blocks of any size cost the same.
+constexpr int64_t kNaiveBlockFlops = int64_t{1} << 26;
 
 // Converts n elements of a `dtype` buffer into floats, in parallel pieces.
 void ToFloatParallel(ThreadPool& pool, DType dtype, const void* src, float* dst, int64_t n) {
@@ -19,7 +38,8 @@ void ToFloatParallel(ThreadPool& pool, DType dtype, const void* src, float* dst,
 
 }  // namespace
 
-void GemmRows(ThreadPool& pool, const GemmSpec& spec, Range rows, bool naive, void* c_out) {
+void GemmRows(ThreadPool& pool, const GemmSpec& spec, Range rows, bool naive, void* c_out,
+              ShardStop& stop) {
   const int64_t m = spec.m, n = spec.n, k = spec.k, batch = spec.batch;
   const int64_t shard_rows = rows.size();
   const DType dt = spec.dtype, out_dtype = spec.options.output_dtype;
@@ -44,29 +64,47 @@ void GemmRows(ThreadPool& pool, const GemmSpec& spec, Range rows, bool naive, vo
   const int64_t blocks_per_entry = std::min(shard_rows, CeilDiv(pieces, batch));
   const int64_t block_rows = CeilDiv(shard_rows, blocks_per_entry);
   const int64_t blocks = CeilDiv(shard_rows, block_rows);
+  const int64_t row_work = 2 * n * std::max<int64_t>(k, 1);
+  const int64_t call_flops = naive ? kNaiveBlockFlops : kBlockFlops;
   pool.ParallelFor(batch * blocks, [&](int64_t task) {
+    if (stop.Stop()) return;
     const int64_t e = task / blocks;
-    const int64_t i0 = rows.begin + (task % blocks) * block_rows;
-    const int64_t i1 = std::min(rows.end, i0 + block_rows);
-    const int64_t block = i1 - i0;
+    const int64_t t0 = rows.begin + (task % blocks) * block_rows;
+    const int64_t t1 = std::min(rows.end, t0 + block_rows);
+    const int64_t task_rows = t1 - t0;
     const void* a_entry = ElementAt(spec.a.data, dt, (spec.a_batched ? e : 0) * m * k);
-    std::vector<float> a_scratch, c_scratch;
-    const FloatBlock a = RowsOfOpA(dt, a_entry, spec.trans_a, m, k, i0, i1, a_scratch);
     const float* b = bf + (spec.b_batched ? e : 0) * k * n;
-    const int64_t out_offset = e * m * n + i0 * n;
-    float* c = out_dtype == DType::kFloat32 ? static_cast<float*>(c_out) + out_offset : nullptr;
-    if (c == nullptr) {
-      c_scratch.resize(size_t(block * n));
-      c = c_scratch.data();
+    const int64_t task_offset = e * m * n + t0 * n;
+    std::vector<float> a_scratch, c_scratch;
+    float* c_task =
+        out_dtype == DType::kFloat32 ? static_cast<float*>(c_out) + task_offset : nullptr;
+    if (c_task == nullptr) {
+      c_scratch.resize(size_t(task_rows * n));
+      c_task = c_scratch.data();
     }
     if (read_c) {
-      const int64_t c_offset = (spec.c_batched ? e : 0) * m * n + i0 * n;
-      ToFloat(dt, ElementAt(spec.c->data, dt, c_offset), c, block * n);
+      const int64_t c_offset = (spec.c_batched ? e : 0) * m * n + t0 * n;
+      ToFloat(dt, ElementAt(spec.c->data, dt, c_offset), c_task, task_rows * n);
     }
-    Sgemm(naive, spec.trans_a, spec.trans_b, block, n, k, alpha, a.data, a.ld, b, ldb,
-          read_c ? beta : 0.0f, c, n);
-    if (!c_scratch.empty())
-      FromFloat(out_dtype, c, ElementAt(c_out, out_dtype, out_offset), block * n);
+    const int64_t row_calls = BlocksFor(task_rows, row_work, call_flops, naive ? 1 : kMinBlasRows);
+    for (int64_t r = 0; r < row_calls; ++r) {
+      const int64_t i0 = t0 + r * task_rows / row_calls;
+      const int64_t i1 = t0 + (r + 1) * task_rows / row_calls;
+      const FloatBlock a = RowsOfOpA(dt, a_entry, spec.trans_a, m, k, i0, i1, a_scratch);
+      const int64_t col_calls =
+          naive ? 1
+                : BlocksFor(n, 2 * (i1 - i0) * std::max<int64_t>(k, 1), call_flops, kMinBlasCols);
+      for (int64_t c = 0; c < col_calls; ++c) {
+        if (stop.Stop()) return;
+        const int64_t j0 = c * n / col_calls, j1 = (c + 1) * n / col_calls;
+        Sgemm(naive, spec.trans_a, spec.trans_b, i1 - i0, j1 - j0, k, alpha, a.data, a.ld,
+              spec.trans_b ? b + j0 * ldb : b + j0, ldb, read_c ? beta : 0.0f,
+              c_task + (i0 - t0) * n + j0, n);
+      }
+    }
+    if (!c_scratch.empty()) {
+      FromFloat(out_dtype, c_task, ElementAt(c_out, out_dtype, task_offset), task_rows * n);
+    }
   });
 }
 

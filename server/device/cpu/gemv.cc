@@ -1,6 +1,8 @@
-// GEMV on the CPU: one task per block of output rows, half A converted to
-// fp32 in sub-blocks that stay in cache (so A crosses memory once, at its own
-// size), several right-hand sides as one GEMM that reads A once.
+// GEMV on the CPU: one task per block of output rows, worked through in
+// sub-blocks with a stop check before each: half A converted to fp32 in
+// sub-blocks that stay in cache (so A crosses memory once, at its own size),
+// fp32 A in sub-blocks of about kStopFloats multiply-adds; several
+// right-hand sides as one GEMM that reads A once.
 #include <vector>
 
 #include "server/device/cpu/blas.h"
@@ -12,10 +14,15 @@ namespace {
 
 // Floats of converted A a GEMV task keeps at once (fits in L2).
 constexpr int64_t kGemvScratchFloats = int64_t{1} << 16;
+// Multiply-adds of fp32 A between two stop checks (over every column of
+// x): for one column, 16 MiB of A, a few milliseconds of one core's memory
+// bandwidth.
+constexpr int64_t kStopFloats = int64_t{1} << 22;
 
 }  // namespace
 
-void GemvRows(ThreadPool& pool, const GemvSpec& spec, Range rows, bool naive, void* y_out) {
+void GemvRows(ThreadPool& pool, const GemvSpec& spec, Range rows, bool naive, void* y_out,
+              ShardStop& stop) {
   const int64_t m = spec.m, k = spec.k, ncols = spec.ncols;
   const int64_t shard_rows = rows.size();
   const DType dt = spec.dtype, out_dtype = spec.options.output_dtype;
@@ -34,13 +41,14 @@ void GemvRows(ThreadPool& pool, const GemvSpec& spec, Range rows, bool naive, vo
   const int64_t blocks = std::min(shard_rows, PiecesFor(work, pool.size()));
   const int64_t block_rows = CeilDiv(shard_rows, blocks);
   const int64_t sub_rows =
-      dt == DType::kFloat32 ? block_rows
+      dt == DType::kFloat32 ? std::max<int64_t>(32, kStopFloats / std::max<int64_t>(k * ncols, 1))
                             : std::max<int64_t>(32, kGemvScratchFloats / std::max<int64_t>(k, 1));
   pool.ParallelFor(CeilDiv(shard_rows, block_rows), [&](int64_t task) {
     const int64_t task_begin = rows.begin + task * block_rows;
     const int64_t task_end = std::min(rows.end, task_begin + block_rows);
     std::vector<float> a_scratch, y_scratch;
     for (int64_t i0 = task_begin; i0 < task_end; i0 += sub_rows) {
+      if (stop.Stop()) return;
       const int64_t i1 = std::min(task_end, i0 + sub_rows);
       const int64_t block = i1 - i0;
       const FloatBlock a = RowsOfOpA(dt, spec.a.data, spec.trans_a, m, k, i0, i1, a_scratch);

@@ -181,7 +181,7 @@ void ReduceStrided(DType dtype, const void* x, int64_t rows, int64_t stride, int
 
 template <ReduceKind K>
 void ReduceShard(ThreadPool& pool, const ReduceSpec& spec, Range outer, Range axis,
-                 ReduceOutput mode, void* out) {
+                 ReduceOutput mode, void* out, ShardStop& stop) {
   const DType dtype = spec.input.dtype;
   const void* in = spec.input.data;
   const int64_t inner = spec.inner, axis_len = spec.axis_len;
@@ -212,6 +212,7 @@ void ReduceShard(ThreadPool& pool, const ReduceSpec& spec, Range outer, Range ax
     const int64_t per_task =
         std::max<int64_t>(1, kMinParallelWork * 4 / std::max<int64_t>(item_work, 1));
     pool.ParallelFor(CeilDiv(items, per_task), [&](int64_t task) {
+      if (stop.Stop()) return;
       const int64_t end = std::min(items, (task + 1) * per_task);
       for (int64_t item = task * per_task; item < end; ++item) {
         const int64_t tile = item % tiles;
@@ -232,7 +233,7 @@ void ReduceShard(ThreadPool& pool, const ReduceSpec& spec, Range outer, Range ax
     });
   }
 
-  if (to_out) return;
+  if (to_out || stop.stopped()) return;
 
   // Combine chunks in the fixed order, finalise, write.
   const bool partial = mode == ReduceOutput::kPartial;
@@ -259,16 +260,16 @@ void ReduceShard(ThreadPool& pool, const ReduceSpec& spec, Range outer, Range ax
 }  // namespace
 
 void ReduceRows(ThreadPool& pool, const ReduceSpec& spec, Range outer, Range axis,
-                ReduceOutput mode, void* out) {
+                ReduceOutput mode, void* out, ShardStop& stop) {
   switch (spec.kind) {
     case ReduceKind::kSum:
-      return ReduceShard<ReduceKind::kSum>(pool, spec, outer, axis, mode, out);
+      return ReduceShard<ReduceKind::kSum>(pool, spec, outer, axis, mode, out, stop);
     case ReduceKind::kMean:
-      return ReduceShard<ReduceKind::kMean>(pool, spec, outer, axis, mode, out);
+      return ReduceShard<ReduceKind::kMean>(pool, spec, outer, axis, mode, out, stop);
     case ReduceKind::kMax:
-      return ReduceShard<ReduceKind::kMax>(pool, spec, outer, axis, mode, out);
+      return ReduceShard<ReduceKind::kMax>(pool, spec, outer, axis, mode, out, stop);
     case ReduceKind::kMin:
-      return ReduceShard<ReduceKind::kMin>(pool, spec, outer, axis, mode, out);
+      return ReduceShard<ReduceKind::kMin>(pool, spec, outer, axis, mode, out, stop);
   }
 }
 
