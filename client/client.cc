@@ -339,6 +339,7 @@ absl::StatusOr<Response> Unary(const ClientOptions& options, const CallOptions& 
                                const Request& request) {
   grpc::ClientContext ctx;
   Configure(options, call, ctx);
+  ctx.AddMetadata(kRequestBytesMetadataKey, absl::StrCat(request.ByteSizeLong()));
   Response response;
   grpc::Status status = (stub.*method)(&ctx, request, &response);
   if (!status.ok()) return FromGrpc(status);

@@ -147,6 +147,10 @@ struct CallOptions {
 inline constexpr char kSessionMetadataKey[] = "gpucompute-session";
 // The metadata key that carries ClientOptions::token ("Bearer <token>").
 inline constexpr char kAuthorizationMetadataKey[] = "authorization";
+// Sent with every unary call: the request message's size in bytes, so that
+// the server admits the call before receiving the request, or refuses it
+// before it is sent if it can never fit.
+inline constexpr char kRequestBytesMetadataKey[] = "gpucompute-request-bytes";
 
 // Per-upload settings.
 struct UploadOptions {

@@ -15,8 +15,12 @@
 #define GPUCOMPUTE_PROTO_HOST_MEMORY_H_
 
 #include <cstdint>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace gpucompute {
 
@@ -34,6 +38,46 @@ namespace gpucompute {
 // `arenas` < 1, INTERNAL when the allocator refuses a setting (a sanitizer's
 // does: it is then used as it is).
 absl::Status KeepFreedHostMemory(int64_t retain_bytes, int arenas = 1);
+
+// Holds the allocator to its retention: the allocator gives memory back to
+// the system only from the top of a heap, so freed blocks below one still in
+// use stay resident whatever the trim threshold says (idle servers kept
+// 2.9-4.1 GB after bursts of 200 MiB Echos with 2 GiB retained, 2.5 GB with
+// the C library's defaults). Every `period` a thread measures the free
+// memory the allocator keeps resident (the process's resident set less the
+// bytes allocated and less what was resident besides them when the trimmer
+// started) and, when that is over `retain_bytes` plus kSlackBytes, has the
+// allocator give back every free page inside its heaps and the top of each
+// beyond `retain_bytes` (malloc_trim). `retain_bytes` is
+// KeepFreedHostMemory's (0: the C library's defaults, and freed memory is
+// given back within a period).
+class HostMemoryTrimmer {
+ public:
+  // What may be kept free beyond `retain_bytes` before trimming: thread
+  // stacks and other memory started after the trimmer count as kept free.
+  static constexpr int64_t kSlackBytes = int64_t{32} << 20;
+
+  // Starts the thread (none when `period` is infinite: then only Trim()).
+  explicit HostMemoryTrimmer(int64_t retain_bytes, absl::Duration period = absl::Seconds(1));
+  // Stops the thread.
+  ~HostMemoryTrimmer();
+  HostMemoryTrimmer(const HostMemoryTrimmer&) = delete;
+  HostMemoryTrimmer& operator=(const HostMemoryTrimmer&) = delete;
+
+  // The free memory the allocator keeps resident now, as measured above.
+  int64_t KeptFreeBytes() const;
+  // Trims when KeptFreeBytes() is over retain_bytes + kSlackBytes; returns
+  // true when it did.
+  bool Trim();
+
+ private:
+  const int64_t retain_bytes_;
+  // Resident bytes besides those allocated, when the trimmer started.
+  const int64_t base_bytes_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 }  // namespace gpucompute
 

@@ -44,8 +44,9 @@ ABSL_FLAG(int, cpu_devices, kDefaults.cpu_devices,
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "largest request or response message in bytes (at most 2147483647)");
 ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
-          "admission limit on the bytes (inputs plus outputs) of operations served at once; "
-          "0 = no limit");
+          "admission limit on the host memory of the calls served at once (requests received "
+          "and decoded, results, answers until sent; operations, Echo, Batch items, transfer "
+          "chunks), taken before a request is received; 0 = no limit");
 ABSL_FLAG(int64_t, device_max_inflight_bytes, kDefaults.device_max_inflight_bytes,
           "per device: bound on the bytes (inputs plus outputs) of the shards it holds at once; "
           "work over it waits; 0 = no bound, -1 = automatic (3/4 of a GPU's memory, none on CPU)");
@@ -67,7 +68,8 @@ ABSL_FLAG(int64_t, pinned_staging_bytes, kDefaults.pinned_staging_bytes,
           "between the GPU's streams");
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "freed host memory the allocator keeps for reuse, so that large messages do not "
-          "page-fault their buffers in again (one heap, no mmap); 0 = the C library's defaults");
+          "page-fault their buffers in again (one heap, no mmap); more is given back within a "
+          "second; 0 = the C library's defaults, and freed memory is given back within a second");
 ABSL_FLAG(int, host_memory_arenas, 1,
           "with --retain_host_memory_bytes: heaps the allocator spreads threads over; 1 keeps "
           "every freed block for reuse by any thread (best for large messages), more lets many "
@@ -204,6 +206,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpucompute-server: %s; going on with the allocator as it is\n",
                  status.ToString().c_str());
   }
+  // The retention above is a bound: freed memory beyond it goes back to the
+  // system within a second.
+  gpucompute::HostMemoryTrimmer trimmer(absl::GetFlag(FLAGS_retain_host_memory_bytes));
 
   // SIGTERM, SIGINT and SIGHUP only wake a thread of ours through a pipe
   // (the handler does nothing else, so it is async-signal-safe); that

@@ -243,7 +243,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
       [engine = server->engine_.get()] { return engine->store().expirations(); });
   const Engine* engine = server->engine_.get();
   server->metrics_->SetDeviceRefresh([engine] { return DeviceStates(*engine); });
-  server->admission_ = std::make_unique<Admission>(opts.max_inflight_bytes);
+  server->admission_ = std::make_unique<Admission>(
+      opts.max_inflight_bytes, "--max_inflight_bytes",
+      [metrics = server->metrics_.get()](int64_t delta) { metrics->AddInflightBytes(delta); });
   int threads = opts.worker_threads;
   if (threads == 0) {
     threads = std::max(4, 2 * static_cast<int>(std::thread::hardware_concurrency()));
@@ -310,6 +312,13 @@ absl::Status Server::StartServing() {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                              Milliseconds(options_.max_connection_age_grace));
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  // What a client may send on a stream before the server reads from it:
+  // HTTP/2's 64 KiB stream window, kept fixed. With gRPC's default probing
+  // of the bandwidth-delay product the window grows with the traffic, up
+  // to tens of MiB on loopback, which every call waiting for admission
+  // would be sent ahead (1 GB for 36 waiting 32 MiB GEMMs). A stream being
+  // read gets up to 1 MiB more at a time whatever this is.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {

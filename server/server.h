@@ -44,8 +44,9 @@ struct ServerOptions {
   int cpu_devices = 1;
   // Largest request or response message, bytes (at most 2^31 - 1).
   int64_t max_message_bytes = int64_t{1} << 30;
-  // Admission limit on the bytes (inputs plus outputs) of the operations
-  // being served at once; 0 = no limit.
+  // Admission limit on the host memory of the calls being served at once
+  // (ComputeService: requests received and decoded, results, answers until
+  // sent); 0 = no limit.
   int64_t max_inflight_bytes = int64_t{4} << 30;
   // Per device: bound on the bytes (inputs plus outputs) of the shards it
   // holds at once; 0 = no bound, -1 = automatic (three quarters of a GPU's

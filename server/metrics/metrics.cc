@@ -229,8 +229,9 @@ Metrics::Metrics()
   inflight_bytes_ = &prometheus::BuildGauge()
                          .Name("gpucompute_inflight_bytes")
                          .Help(
-                             "Bytes held by admitted requests (inputs plus outputs), "
-                             "limited by --max_inflight_bytes.")
+                             "Host memory held by admitted calls (requests received and "
+                             "decoded, results, answers until sent), limited by "
+                             "--max_inflight_bytes.")
                          .Register(*registry_)
                          .Add({});
   queue_depth_ = &prometheus::BuildGauge()

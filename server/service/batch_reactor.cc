@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/grpc.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "proto/wire.h"
 #include "server/service/compute_service.h"
 #include "server/service/convert.h"
 
@@ -23,18 +26,20 @@ namespace gpucompute {
 // stream finishes OK after the client's half-close once every item is
 // answered.
 //
-// An answer gives its admission back once computed, as a unary call's does
-// when it is finished: a client that reads slowly holds up its own stream
-// (its window fills and it stops reading), never the others. A stream whose
-// write in flight has waited stalled_stream_timeout (its client does not
-// read) is ended RESOURCE_EXHAUSTED by the service's watch
-// (WatchStalledStreams) and its answers dropped.
+// Items are read raw and stay in gRPC's slices until admitted; the next item
+// is read once the one before is admitted, so a stream holds at most one
+// item outside admission. An item holds its admission until its answer is
+// written, shrunk once computed to the encoded answer's bytes: a client that
+// reads slowly holds only its own answers' bytes, and its window fills and
+// its stream stops reading. A stream whose write in flight has waited
+// stalled_stream_timeout (its client does not read) is ended
+// RESOURCE_EXHAUSTED by the service's watch (Watch) and its answers dropped.
 //
 // gRPC may run reactions concurrently, so the state is under mu_; gRPC
 // operations (StartRead, StartWrite, Finish) are started after mu_ is
 // released, each decided under it by exactly one party.
 class ComputeService::BatchReactor final
-    : public grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   BatchReactor(ComputeService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), accepted_(absl::Now()) {
@@ -52,33 +57,41 @@ class ComputeService::BatchReactor final
       }));
       return;
     }
-    auto item = std::make_shared<v1::BatchRequest>();
-    item->Swap(&request_);
-    const Call call{context_, absl::Now(), absl::FromChrono(context_->deadline()),
-                    OwnerOf(*context_)};
-    const int64_t item_bytes = static_cast<int64_t>(item->ByteSizeLong());
-    service_->metrics_->AddReceivedBytes(item_bytes);
+    auto item = std::make_shared<Item>();
+    item->holding.raw.Swap(&request_);
+    item->holding.request_bytes = static_cast<int64_t>(item->holding.raw.Length());
+    item->call =
+        Call{context_, absl::Now(), absl::FromChrono(context_->deadline()), OwnerOf(*context_)};
+    service_->metrics_->AddReceivedBytes(item->holding.request_bytes);
     bool run = false;
-    Actions actions = Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      Actions a;
-      if (broken_) return a;  // nobody is listening; stop reading
+    Act(Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (broken_) return Actions{};  // nobody is listening; stop reading
       run = true;
       ++outstanding_;
-      outstanding_bytes_ += item_bytes;
-      if (WindowOpen()) {
-        a.read = true;
-      } else {
-        read_paused_ = true;
-      }
-      return a;
-    });
-    if (run) {
-      service_->BeginOp();
-      service_->EnterQueue();
-      service_->pool_->Schedule(
-          [this, item, call, item_bytes] { RunItem(*item, call, item_bytes); });
-    }
-    Act(actions);
+      outstanding_bytes_ += item->holding.request_bytes;
+      return Actions{};
+    }));
+    if (!run) return;
+    service_->BeginOp();
+    service_->EnterQueue();
+    item->holding.queued = true;
+    // The next item is read once this one is admitted.
+    service_->WhenAdmitted(*service_->admission_, ReceiveBytes(item->holding.request_bytes),
+                           item->call, [this, item](absl::StatusOr<Admission::Ticket> ticket) {
+                             // The item keeps the stream open (outstanding_)
+                             // until Admit answers it.
+                             Act(Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                               Actions a;
+                               if (broken_) return a;
+                               if (WindowOpen()) {
+                                 a.read = true;
+                               } else {
+                                 read_paused_ = true;
+                               }
+                               return a;
+                             }));
+                             Admit(item, std::move(ticket));
+                           });
   }
 
   void OnWriteDone(bool ok) override {
@@ -99,7 +112,7 @@ class ComputeService::BatchReactor final
         writes_.clear();
       }
       if (!writes_.empty()) {
-        a.write = writes_.front().response.get();
+        a.write = &writes_.front().message;
         a.more = writes_.size() > 1;
         write_started_ = absl::Now();
       } else {
@@ -173,7 +186,7 @@ class ComputeService::BatchReactor final
   // gRPC operations to start once mu_ is released.
   struct Actions {
     bool read = false;
-    v1::BatchResponse* write = nullptr;
+    grpc::ByteBuffer* write = nullptr;
     // More answers are queued behind `write`: gRPC may hold it back to send
     // with them (the last of a run is written without the hint, and flushes).
     bool more = false;
@@ -226,46 +239,135 @@ class ComputeService::BatchReactor final
            outstanding_bytes_ < service_->options_.batch_window_bytes;
   }
 
-  void RunItem(const v1::BatchRequest& item, const Call& call, int64_t item_bytes) {
+  // One item read: its admission, the call it belongs to, its raw bytes.
+  struct Item {
+    Holding holding;
+    Call call;
+  };
+
+  // The item's admission came (or was refused): runs it on a worker, or
+  // answers the refusal.
+  void Admit(const std::shared_ptr<Item>& item, absl::StatusOr<Admission::Ticket> ticket) {
+    if (!ticket.ok()) {
+      Answer(item, ticket.status(), nullptr, "Batch/Admission");
+      return;
+    }
+    item->holding.ticket = *std::move(ticket);
+    service_->pool_->Schedule([this, item] { RunItem(item); });
+  }
+
+  // Decodes and runs the item, on a worker thread; or, when it needs more
+  // admission than it holds, waits for that (holding receive_slot_ for its
+  // bytes) and runs it again.
+  void RunItem(const std::shared_ptr<Item>& item) {
+    auto request = std::make_unique<v1::BatchRequest>();
+    auto response = std::make_unique<v1::BatchResponse>();
+    absl::string_view method = "Batch/Invalid";
+    absl::Status status;
+    if (absl::Status decoded = Decode(item->holding.raw, request.get()); !decoded.ok()) {
+      service_->Admitted(0, &item->holding);
+      status = decoded;
+    } else {
+      status =
+          service_->ExecuteBatchItem(*request, item->call, response.get(), &item->holding, &method);
+    }
+    request.reset();  // its bytes go before the answer's are encoded
+    if (status.ok() && item->holding.more_bytes > 0) {
+      const int64_t more = std::exchange(item->holding.more_bytes, 0);
+      item->holding.ticket = Admission::Ticket();
+      auto admit_more = [this, item, more] {
+        service_->WhenAdmitted(*service_->admission_, more, item->call,
+                               [this, item](absl::StatusOr<Admission::Ticket> ticket) {
+                                 Admit(item, std::move(ticket));
+                               });
+      };
+      if (item->holding.slot.bytes() > 0) {
+        admit_more();
+        return;
+      }
+      service_->WhenAdmitted(service_->receive_slot_, 1, item->call,
+                             [this, item, admit_more](absl::StatusOr<Admission::Ticket> slot) {
+                               if (!slot.ok()) {
+                                 Answer(item, slot.status(), nullptr, "Batch/Admission");
+                                 return;
+                               }
+                               item->holding.slot = *std::move(slot);
+                               admit_more();
+                             });
+      return;
+    }
+    Answer(item, status, std::move(response), method);
+  }
+
+  // Encodes the item's answer (its result, or `status` when that failed)
+  // and queues it to be written; the item's admission shrinks to the
+  // encoded answer's bytes, held until it is written.
+  void Answer(const std::shared_ptr<Item>& item, const absl::Status& status,
+              std::unique_ptr<v1::BatchResponse> response, absl::string_view method) {
     // Once the answer is published below, another thread may write it,
     // finish the stream and delete this reactor: after that point only
     // locals are touched (and `this` only by the thread handed a write or
     // the finish).
     ComputeService* const service = service_;
-    auto response = std::make_unique<v1::BatchResponse>();
-    Admission::Ticket ticket;
-    absl::string_view method;
-    const absl::Status status =
-        service_->ExecuteBatchItem(item, call, response.get(), &ticket, &method);
+    Holding& holding = item->holding;
+    if (holding.queued) service->LeaveQueue();
+    holding.queued = false;
+    holding.slot = Admission::Ticket();
+    if (response == nullptr) {
+      // Refused before it was decoded: its id, read without its tensors.
+      response = std::make_unique<v1::BatchResponse>();
+      v1::BatchRequest request;
+      std::vector<wire::ExternalField> external;
+      if (wire::Parse(holding.raw, &request, &external).ok()) {
+        response->set_id(request.id().substr(0, kMaxBatchIdBytes));
+      }
+    }
+    holding.raw.Clear();
     if (!status.ok()) {
       response->clear_result();
       const grpc::Status grpc_status = ToGrpcStatus(status);
       response->set_code(static_cast<int32_t>(grpc_status.error_code()));
       response->set_message(grpc_status.error_message());
     }
-    const int64_t answer_bytes = static_cast<int64_t>(response->ByteSizeLong());
-    service->metrics_->AddSentBytes(answer_bytes);
+    Pending pending;
+    bool own_buffer = false;
+    if (grpc::Status encoded = grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::BatchResponse>(
+            *response, &pending.message, &own_buffer);
+        !encoded.ok()) {
+      // Only a message over protobuf's 2 GiB could fail: answer without it.
+      v1::BatchResponse failed;
+      failed.set_id(response->id());
+      failed.set_code(static_cast<int32_t>(grpc::StatusCode::INTERNAL));
+      failed.set_message(absl::StrCat("encoding the answer: ", encoded.error_message()));
+      (void)grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::BatchResponse>(
+          failed, &pending.message, &own_buffer);
+    }
+    response.reset();
+    pending.bytes = static_cast<int64_t>(pending.message.Length());
+    holding.ticket.ShrinkTo(pending.bytes);
+    pending.ticket = std::move(holding.ticket);
+    service->metrics_->AddSentBytes(pending.bytes);
     service->metrics_->ItemFinished(method, status.code(),
-                                    absl::ToDoubleSeconds(absl::Now() - call.accepted));
-    // Computed: the answer's bytes leave admission, and the stream's window
-    // holds them until they are written.
-    service->ReleaseTicket(ticket);
+                                    absl::ToDoubleSeconds(absl::Now() - item->call.accepted));
+    std::optional<Pending> dropped;  // given back after mu_
     const Actions actions = Locked([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       Actions a;
       if (broken_) {
         --outstanding_;
-        outstanding_bytes_ -= item_bytes;
+        outstanding_bytes_ -= holding.request_bytes;
+        dropped = std::move(pending);
         return a;
       }
-      outstanding_bytes_ += answer_bytes - item_bytes;
-      writes_.push_back(Pending{std::move(response), answer_bytes});
+      outstanding_bytes_ += pending.bytes - holding.request_bytes;
+      writes_.push_back(std::move(pending));
       if (!writing_) {
         writing_ = true;
         write_started_ = absl::Now();
-        a.write = writes_.front().response.get();
+        a.write = &writes_.front().message;
       }
       return a;
     });
+    dropped.reset();
     // Counted as running until here, so a drain waits for the answer to be
     // queued; the write itself is awaited with the stream (BeginCall).
     service->EndOp();
@@ -275,7 +377,7 @@ class ComputeService::BatchReactor final
   ComputeService* const service_;
   grpc::CallbackServerContext* const context_;
   const absl::Time accepted_;
-  v1::BatchRequest request_;                             // the read in flight (one at a time)
+  grpc::ByteBuffer request_;                             // the read in flight (one at a time)
   absl::StatusCode final_code_ = absl::StatusCode::kOk;  // set before Finish
   std::string cut_message_;  // why the watch ended the stream; set before Cut
 
@@ -287,8 +389,9 @@ class ComputeService::BatchReactor final
   // Answers waiting to be written; the front one is being written when
   // writing_, since write_started_.
   struct Pending {
-    std::unique_ptr<v1::BatchResponse> response;
-    int64_t bytes = 0;  // the answer's share of the window
+    grpc::ByteBuffer message;  // the encoded answer
+    int64_t bytes = 0;         // its share of the window
+    Admission::Ticket ticket;  // its admission, until it is written
   };
   std::deque<Pending> writes_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -306,7 +409,7 @@ class ComputeService::BatchReactor final
 
 // A Batch stream refused at once (the server is draining).
 class ComputeService::RejectedStream final
-    : public grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   explicit RejectedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
   void OnDone() override { delete this; }
@@ -322,27 +425,38 @@ void ComputeService::UnwatchStream(BatchReactor* stream) {
   streams_.erase(stream);
 }
 
-void ComputeService::WatchStalledStreams() {
-  // A stream is ended between the timeout and the timeout plus a period
-  // after its write started.
-  const absl::Duration period =
-      std::clamp(options_.stalled_stream_timeout / 10, absl::Milliseconds(10), absl::Seconds(1));
+void ComputeService::Watch() {
+  // Admission waits end within kExpirePeriod of their deadline or
+  // cancellation; a stream is ended between the timeout and the timeout
+  // plus a period after its write started.
+  constexpr absl::Duration kExpirePeriod = absl::Milliseconds(5);
+  const bool watch_streams = options_.stalled_stream_timeout != absl::InfiniteDuration();
+  const absl::Duration period = watch_streams ? std::clamp(options_.stalled_stream_timeout / 10,
+                                                           absl::Milliseconds(10), absl::Seconds(1))
+                                              : absl::InfiniteDuration();
+  absl::Time next_stream_check = absl::Now() + period;
   while (true) {
     std::vector<BatchReactor*> stalled;  // pinned: alive until cut
     {
       absl::MutexLock lock(&streams_mu_);
-      if (streams_mu_.AwaitWithTimeout(absl::Condition(&stop_watch_), period)) return;
+      if (streams_mu_.AwaitWithTimeout(absl::Condition(&stop_watch_), kExpirePeriod)) return;
       const absl::Time now = absl::Now();
-      for (BatchReactor* stream : streams_) {
-        if (stream->PinIfStalled(now)) stalled.push_back(stream);
+      if (now >= next_stream_check) {
+        next_stream_check = now + period;
+        for (BatchReactor* stream : streams_) {
+          if (stream->PinIfStalled(now)) stalled.push_back(stream);
+        }
       }
     }
-    // Without streams_mu_: what the cut sets off may end a stream (OnDone).
+    // Without streams_mu_: what the cut or an expired wait sets off may end
+    // a stream (OnDone).
     for (BatchReactor* stream : stalled) stream->Cut();
+    admission_->Expire();
+    receive_slot_.Expire();
   }
 }
 
-grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse>* ComputeService::Batch(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ComputeService::OpenBatch(
     grpc::CallbackServerContext* context) {
   if (absl::Status status = CheckAccepting("Batch"); !status.ok()) {
     return new RejectedStream(status);

@@ -1,13 +1,20 @@
 #include "server/service/compute_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
+#include "proto/wire.h"
 #include "server/common/status_macros.h"
 #include "server/core/cost.h"
 #include "server/service/auth.h"
@@ -20,15 +27,69 @@
 namespace gpucompute {
 namespace {
 
-// Longest BatchRequest.id accepted (it is echoed in the answer).
-constexpr size_t kMaxBatchIdBytes = 1024;
 // A unary request at most this large (resident operands, small inline ones)
 // runs on the gRPC thread that received it while fewer than kMaxInlineOps
 // others do: the hop to a worker thread costs more than a small operation.
-constexpr size_t kInlineRequestBytes = size_t{64} << 10;
+constexpr int64_t kInlineRequestBytes = int64_t{64} << 10;
 constexpr int kMaxInlineOps = 2;
+// Reserved to receive a request that does not declare its size: enough for
+// small requests; a larger one waits for the rest once it is in.
+constexpr int64_t kUndeclaredRequestBytes = int64_t{1} << 20;
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
+
+int64_t Twice(int64_t bytes) {
+  return bytes > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                         : 2 * bytes;
+}
+
+// Host memory an operation holds from its request's arrival to its answer's
+// sending: the most of its request received and decoded (2x the request),
+// the request beside the result it computes, and the result beside its
+// encoding (2x the result); the result is what FootprintBytes counts beyond
+// the request.
+int64_t HostBytes(int64_t request_bytes, int64_t footprint_bytes) {
+  return Twice(std::max(request_bytes, footprint_bytes - request_bytes));
+}
+
+// The size a call's request declares (ComputeService::kRequestBytesMetadataKey), if any.
+absl::StatusOr<std::optional<int64_t>> DeclaredRequestBytes(
+    const grpc::CallbackServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(ComputeService::kRequestBytesMetadataKey);
+  if (it == metadata.end()) return std::nullopt;
+  int64_t bytes = 0;
+  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &bytes) ||
+      bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(ComputeService::kRequestBytesMetadataKey,
+                                                   " metadata: expected the request's size in "
+                                                   "bytes (a decimal number >= 0)"));
+  }
+  return bytes;
+}
+
+// Decodes `raw` into `message` (a request), each large bytes field copied
+// once into a string of its size: protobuf's own decoding grows a large
+// string as it reads it, which held up to 1.6 times a 200 MiB tensor.
+}  // namespace
+
+absl::Status ComputeService::Decode(const grpc::ByteBuffer& raw,
+                                    google::protobuf::Message* message) {
+  std::vector<wire::ExternalField> external;
+  RETURN_IF_ERROR(wire::Parse(raw, message, &external, wire::kDefaultMinExternalBytes, "request"));
+  wire::Materialize(&external);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The index of `method` in the Compute service, as the generated code numbers
+// its methods (their order in compute.proto).
+int MethodIndex(absl::string_view method) {
+  const google::protobuf::ServiceDescriptor* service =
+      v1::GemmRequest::descriptor()->file()->FindServiceByName("Compute");
+  return service->FindMethodByName(std::string(method))->index();
+}
 
 // Request type -> validated spec, and spec -> engine call.
 absl::StatusOr<GemmSpec> Parse(const v1::GemmRequest& r, const Limits& l, HandleResolver* h) {
@@ -88,31 +149,250 @@ class StoreResolver final : public HandleResolver {
 
 }  // namespace
 
-// A unary call's reactor: finishes the call and, once gRPC is done with it,
-// records how long sending the response took (when `observe_send`). The
-// call counts as open (WaitIdle) until then.
-class ComputeService::UnaryReactor final : public grpc::ServerUnaryReactor {
+// One call of a unary operation or Echo, served as a stream: the handler
+// runs once the call's headers are in, before gRPC has read any of the
+// request. The call reserves admission for receiving the request (what it
+// declares, or kUndeclaredRequestBytes holding receive_slot_), then reads
+// it, waits for more if it is larger than reserved, decodes and runs it
+// (Execute, on a worker or, small, right here), encodes the answer, lets go
+// of everything else and holds the answer's bytes until it is sent (OnDone).
+//
+// Each step starts the next (a read, an admission wait, a task), so they run
+// one after another, possibly on different threads; Finish comes last.
+template <typename Request, typename Response>
+class ComputeService::OpCall final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  UnaryReactor(ComputeService* service, bool observe_send)
-      : service_(service), observe_send_(observe_send) {
+  OpCall(ComputeService* service, grpc::CallbackServerContext* context, absl::string_view method)
+      : service_(service), method_(method), call_(service->StartCall(context)) {
     service_->BeginCall();
-  }
-  void Finish(grpc::Status status) {
-    finished_ = absl::Now();
-    ServerUnaryReactor::Finish(std::move(status));
-  }
-  void OnDone() override {
-    if (observe_send_ && finished_ != absl::InfinitePast()) {
-      service_->metrics_->ObserveStage("send", SecondsSince(finished_));
+    if (absl::Status status = service_->CheckAccepting(method_); !status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
     }
-    service_->EndCall();
-    delete this;
+    service_->metrics_->RequestStarted();
+    service_->BeginOp();
+    service_->EnterQueue();
+    holding_.queued = true;
+    absl::StatusOr<std::optional<int64_t>> declared = DeclaredRequestBytes(*context);
+    if (!declared.ok()) {
+      Fail(declared.status());
+      return;
+    }
+    declared_ = *declared;
+    const int64_t max_message = service_->options_.max_message_bytes;
+    if (declared_.has_value() && max_message > 0 && *declared_ > max_message) {
+      Fail(absl::ResourceExhaustedError(
+          absl::StrCat("the request is ", *declared_, " bytes (", kRequestBytesMetadataKey,
+                       "), more than the largest message of ", max_message,
+                       " bytes (--max_message_bytes); refused before it was received")));
+      return;
+    }
+    if (declared_.has_value() || service_->admission_->limit() <= 0) {
+      Reserve(ReceiveBytes(declared_.value_or(0)));
+      return;
+    }
+    HoldSlotThen([this] {
+      Reserve(std::min(ReceiveBytes(kUndeclaredRequestBytes), service_->admission_->limit()));
+    });
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Fail(call_.context->IsCancelled()
+               ? absl::CancelledError("the call was cancelled")
+               : absl::InvalidArgumentError("the call ended without a request message"));
+      return;
+    }
+    holding_.request_bytes = static_cast<int64_t>(holding_.raw.Length());
+    service_->metrics_->AddReceivedBytes(holding_.request_bytes);
+    if (declared_.has_value() && holding_.request_bytes > *declared_) {
+      Fail(absl::InvalidArgumentError(
+          absl::StrCat("the request is ", holding_.request_bytes, " bytes, more than the ",
+                       *declared_, " its ", kRequestBytesMetadataKey, " metadata declared")));
+      return;
+    }
+    Continue();
+  }
+
+  void OnDone() override {
+    if (answered_ != absl::InfinitePast()) {
+      service_->metrics_->ObserveStage("send", SecondsSince(answered_));
+    }
+    ComputeService* const service = service_;
+    delete this;  // gives back the admission the answer held
+    service->EndCall();
   }
 
  private:
+  // Holds receive_slot_ (waiting for it), then calls `then`.
+  void HoldSlotThen(absl::AnyInvocable<void()> then) {
+    if (holding_.slot.bytes() > 0) {
+      then();
+      return;
+    }
+    service_->WhenAdmitted(
+        service_->receive_slot_, 1, call_,
+        [this, then = std::move(then)](absl::StatusOr<Admission::Ticket> slot) mutable {
+          if (!slot.ok()) {
+            Fail(absl::Status(slot.status().code(),
+                              absl::StrCat("waiting to be received (a request that does not "
+                                           "declare its size in ",
+                                           kRequestBytesMetadataKey,
+                                           " metadata, or outgrew it, is received when no other "
+                                           "such request is waiting): ",
+                                           slot.status().message())));
+            return;
+          }
+          holding_.slot = *std::move(slot);
+          then();
+        });
+  }
+
+  // Waits for `bytes` of admission, then reads the request.
+  void Reserve(int64_t bytes) {
+    service_->WhenAdmitted(*service_->admission_, bytes, call_,
+                           [this](absl::StatusOr<Admission::Ticket> ticket) {
+                             if (!ticket.ok()) {
+                               Fail(ticket.status());
+                               return;
+                             }
+                             holding_.ticket = *std::move(ticket);
+                             StartRead(&holding_.raw);
+                           });
+  }
+
+  // The request is in: waits for more admission when it outgrew what was
+  // reserved, else runs it.
+  void Continue() {
+    const int64_t needed = ReceiveBytes(holding_.request_bytes);
+    if (service_->admission_->limit() > 0 && holding_.ticket.bytes() < needed) {
+      Readmit(needed);
+      return;
+    }
+    ComputeService* const service = service_;
+    if (holding_.request_bytes <= kInlineRequestBytes && service->TryRunInline()) {
+      Run();  // may finish the call and delete this
+      service->DoneInline();
+    } else {
+      service->pool_->Schedule([this] { Run(); });
+    }
+  }
+
+  // Gives the admission back and waits for `bytes` (holding the request's
+  // bytes, and receive_slot_ for them), then continues.
+  void Readmit(int64_t bytes) {
+    holding_.ticket = Admission::Ticket();
+    HoldSlotThen([this, bytes] {
+      service_->WhenAdmitted(*service_->admission_, bytes, call_,
+                             [this](absl::StatusOr<Admission::Ticket> ticket) {
+                               if (!ticket.ok()) {
+                                 Fail(ticket.status());
+                                 return;
+                               }
+                               holding_.ticket = *std::move(ticket);
+                               Continue();
+                             });
+    });
+  }
+
+  // Decodes and runs the request, on the calling thread.
+  void Run() {
+    if constexpr (std::is_same_v<Request, v1::EchoRequest>) {
+      if (EchoAsReceived()) return;
+    }
+    auto request = std::make_unique<Request>();
+    if (absl::Status decoded = Decode(holding_.raw, request.get()); !decoded.ok()) {
+      Fail(decoded);
+      return;
+    }
+    auto response = std::make_unique<Response>();
+    const absl::Status status = service_->Execute(*request, response.get(), call_, &holding_);
+    request.reset();  // its bytes go before the answer's are encoded
+    if (status.ok() && holding_.more_bytes > 0) {
+      const int64_t more = std::exchange(holding_.more_bytes, 0);
+      Readmit(more);
+      return;
+    }
+    if (!status.ok()) {
+      Fail(status);
+      return;
+    }
+    bool own_buffer = false;
+    grpc::Status encoded =
+        grpc::GenericSerialize<grpc::ProtoBufferWriter, Response>(*response, &answer_, &own_buffer);
+    response.reset();
+    if (!encoded.ok()) {
+      Fail(absl::InternalError(absl::StrCat("encoding the answer: ", encoded.error_message())));
+      return;
+    }
+    const int64_t answer_bytes = static_cast<int64_t>(answer_.Length());
+    holding_.ticket.ShrinkTo(answer_bytes);
+    service_->metrics_->AddSentBytes(answer_bytes);
+    service_->metrics_->RequestFinished(method_, absl::StatusCode::kOk,
+                                        SecondsSince(call_.accepted));
+    service_->EndOp();
+    answered_ = absl::Now();
+    StartWriteAndFinish(&answer_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+
+  // Echo of a plain request (one tensor with its bytes, nothing else):
+  // an EchoRequest's encoding is that of an EchoResponse whose output is the
+  // input, so the answer is the bytes as received with the timings after
+  // them, not a byte copied. False, having done nothing, for any other
+  // request (Run decodes it then, and names what is wrong).
+  bool EchoAsReceived() {
+    v1::EchoRequest request;
+    std::vector<wire::ExternalField> external;
+    if (!wire::Parse(holding_.raw, &request, &external, wire::kDefaultMinExternalBytes).ok() ||
+        external.size() != 1 || external.front().owner != request.mutable_input() ||
+        !request.GetReflection()->GetUnknownFields(request).empty() ||
+        !request.input().GetReflection()->GetUnknownFields(request.input()).empty() ||
+        !request.input().handle().empty()) {
+      return false;
+    }
+    const v1::Tensor& input = request.input();
+    absl::StatusOr<int64_t> bytes = TensorBytes(input.dtype(), input.shape(), "input");
+    if (!bytes.ok() || *bytes != external.front().bytes.size()) return false;
+    std::vector<grpc::Slice> slices;
+    if (!holding_.raw.Dump(&slices).ok()) return false;
+    external.clear();
+    service_->Admitted(holding_.request_bytes, &holding_);  // the bytes stay, as the answer
+    v1::EchoResponse timings;
+    timings.mutable_timings()->set_server_seconds(SecondsSince(call_.accepted));
+    slices.emplace_back(timings.SerializeAsString());
+    answer_ = grpc::ByteBuffer(slices.data(), slices.size());
+    const int64_t answer_bytes = static_cast<int64_t>(answer_.Length());
+    service_->metrics_->AddSentBytes(answer_bytes);
+    service_->metrics_->RequestFinished(method_, absl::StatusCode::kOk,
+                                        SecondsSince(call_.accepted));
+    service_->EndOp();
+    answered_ = absl::Now();
+    StartWriteAndFinish(&answer_, grpc::WriteOptions(), grpc::Status::OK);
+    return true;
+  }
+
+  // Ends the call with `status`; everything but the call itself is let go.
+  void Fail(const absl::Status& status) {
+    if (holding_.queued) service_->LeaveQueue();
+    holding_.queued = false;
+    holding_.ticket = Admission::Ticket();
+    holding_.slot = Admission::Ticket();
+    holding_.raw.Clear();
+    service_->metrics_->RequestFinished(method_,
+                                        CodeSeenByClient(status, call_.context, call_.deadline),
+                                        SecondsSince(call_.accepted));
+    service_->EndOp();
+    Finish(ToGrpcStatus(status));
+  }
+
   ComputeService* const service_;
-  const bool observe_send_;
-  absl::Time finished_ = absl::InfinitePast();
+  const absl::string_view method_;
+  const Call call_;
+  std::optional<int64_t> declared_;
+  Holding holding_;
+  grpc::ByteBuffer answer_;
+  absl::Time answered_ = absl::InfinitePast();
 };
 
 std::string ComputeService::OwnerOf(const grpc::CallbackServerContext& context) {
@@ -136,9 +416,33 @@ ComputeService::ComputeService(Engine* engine, Admission* admission, WorkerPool*
         "Upload", "Download", "Free", "ListTensors"}) {
     metrics_->AddMethod(method);
   }
-  if (options_.stalled_stream_timeout != absl::InfiniteDuration()) {
-    watch_ = std::thread([this] { WatchStalledStreams(); });
-  }
+  ServeAsStream<v1::GemmRequest, v1::GemmResponse>("Gemm");
+  ServeAsStream<v1::GemvRequest, v1::GemvResponse>("Gemv");
+  ServeAsStream<v1::ReduceRequest, v1::ReduceResponse>("Reduce");
+  ServeAsStream<v1::TransposeRequest, v1::TransposeResponse>("Transpose");
+  ServeAsStream<v1::AttentionRequest, v1::AttentionResponse>("Attention");
+  ServeAsStream<v1::EchoRequest, v1::EchoResponse>("Echo");
+  MarkMethodRawCallback(
+      MethodIndex("Batch"),
+      new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+          [this](grpc::CallbackServerContext* context) { return OpenBatch(context); }));
+  watch_ = std::thread([this] { Watch(); });
+}
+
+template <typename Request, typename Response>
+void ComputeService::ServeAsStream(absl::string_view method) {
+  // gRPC reads a unary method's request before its handler runs; a
+  // streaming one's only when the handler asks. Clients see no difference:
+  // one message each way is the same on the wire.
+  auto handler = [this, method] {
+    return new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+        [this, method](grpc::CallbackServerContext* context) {
+          return new OpCall<Request, Response>(this, context, method);
+        });
+  };
+  const int index = MethodIndex(method);
+  MarkMethodRawCallback(index, handler());
+  MarkMethodStreamed(index, handler());
 }
 
 ComputeService::~ComputeService() {
@@ -155,6 +459,8 @@ absl::Time ComputeService::AdmissionDeadline(const Call& call) {
       std::clamp((call.deadline - call.accepted) / 10, absl::Milliseconds(10), absl::Seconds(1));
   return call.deadline - margin;
 }
+
+int64_t ComputeService::ReceiveBytes(int64_t request_bytes) { return Twice(request_bytes); }
 
 ComputeService::Call ComputeService::StartCall(grpc::CallbackServerContext* context) const {
   return Call{context, absl::Now(), absl::FromChrono(context->deadline()), OwnerOf(*context)};
@@ -178,10 +484,49 @@ absl::Status ComputeService::AbandonedStatus(const Call& call, absl::string_view
   return absl::OkStatus();
 }
 
-void ComputeService::ReleaseTicket(Admission::Ticket& ticket) {
-  if (ticket.bytes() == 0) return;
-  metrics_->AddInflightBytes(-ticket.bytes());
-  ticket = Admission::Ticket();
+void ComputeService::WhenAdmitted(
+    Admission& admission, int64_t bytes, const Call& call,
+    absl::AnyInvocable<void(absl::StatusOr<Admission::Ticket>)> then) {
+  // Set once AdmitAsync has returned: an admission after that goes to a
+  // worker (the thread that made room must not run the rest of this call).
+  // A refusal is told where it is decided: ending a call is quick, and it
+  // must reach the client before the client's deadline. The wait gives up
+  // once the call is abandoned (Abandoned, asked by Expire on the watch's
+  // thread), and says why as AbandonedStatus does: UNAVAILABLE once
+  // CancelOperations() was called. (The call is copied: cheap, and alive
+  // for as long as the wait.)
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  admission.AdmitAsync(
+      bytes, AdmissionDeadline(call), [this, call] { return Abandoned(call); },
+      [this, call, returned,
+       then = std::move(then)](absl::StatusOr<Admission::Ticket> ticket) mutable {
+        if (!ticket.ok()) {
+          if (absl::IsCancelled(ticket.status())) {
+            if (absl::Status gone = AbandonedStatus(call, "before the operation started");
+                !gone.ok()) {
+              ticket = std::move(gone);
+            }
+          }
+          then(std::move(ticket));
+          return;
+        }
+        if (!returned->load()) {
+          then(std::move(ticket));
+          return;
+        }
+        pool_->Schedule([then = std::move(then), ticket = std::move(ticket)]() mutable {
+          then(std::move(ticket));
+        });
+      });
+  returned->store(true);
+}
+
+bool ComputeService::TryRunInline() {
+  int running = inline_ops_.load();
+  while (running < kMaxInlineOps) {
+    if (inline_ops_.compare_exchange_weak(running, running + 1)) return true;
+  }
+  return false;
 }
 
 void ComputeService::BeginOp() {
@@ -215,54 +560,65 @@ bool ComputeService::WaitIdle(absl::Time deadline) {
 void ComputeService::EnterQueue() { metrics_->AddQueueDepth(1); }
 void ComputeService::LeaveQueue() { metrics_->AddQueueDepth(-1); }
 
+void ComputeService::Admitted(int64_t host_bytes, Holding* holding) {
+  holding->ticket.ShrinkTo(host_bytes);
+  holding->raw.Clear();
+  holding->slot = Admission::Ticket();
+  if (holding->queued) LeaveQueue();
+  holding->queued = false;
+}
+
 template <typename Request, typename Response>
 absl::Status ComputeService::Execute(const Request& request, Response* response, const Call& call,
-                                     Admission::Ticket* ticket) {
-  // The operation counts as queued until it starts computing.
-  struct QueueSlot {
-    ComputeService* service;
-    bool queued = true;
-    void Leave() {
-      if (queued) service->LeaveQueue();
-      queued = false;
-    }
-    ~QueueSlot() { Leave(); }
-  } slot{this};
-  // An operation whose caller left while it waited for a worker is not
-  // even decoded.
-  RETURN_IF_ERROR(AbandonedStatus(call, "before the operation started"));
+                                     Holding* holding) {
+  // An operation whose caller left while it waited (to be received, for
+  // admission or for a worker) is not even validated; what it holds goes.
+  if (absl::Status gone = AbandonedStatus(call, "before the operation started"); !gone.ok()) {
+    Admitted(0, holding);
+    return gone;
+  }
   const absl::Time decode_start = absl::Now();
   StoreResolver handles(engine_->store(), call.owner);
-  ASSIGN_OR_RETURN(const auto spec, Parse(request, options_.limits, &handles));
+  auto spec = Parse(request, options_.limits, &handles);
   const double decode_seconds = SecondsSince(decode_start);
-  const absl::Time admit_by = AdmissionDeadline(call);
-  // Asked by admission while it waits, by the engine before each shard and
-  // by CPU kernels between blocks: all of them within this function.
-  const CancelCheck abandoned = [this, &call] { return Abandoned(call); };
-  absl::StatusOr<Admission::Ticket> admitted =
-      admission_->Admit(FootprintBytes(spec), admit_by, abandoned);
   const double queue_seconds = SecondsSince(call.accepted) - decode_seconds;
-  if (!admitted.ok()) {
-    metrics_->ObserveQueue(queue_seconds);
-    if (absl::IsCancelled(admitted.status())) {
-      RETURN_IF_ERROR(AbandonedStatus(call, "before the operation started"));
-    }
-    return admitted.status();
+  if (!spec.ok()) {
+    Admitted(0, holding);
+    return spec.status();
   }
-  *ticket = *std::move(admitted);
-  metrics_->AddInflightBytes(ticket->bytes());
-  slot.Leave();
+  const int64_t host_bytes = HostBytes(holding->request_bytes, FootprintBytes(*spec));
+  const int64_t limit = admission_->limit();
+  if (limit > 0 && host_bytes > holding->ticket.bytes()) {
+    if (host_bytes > limit) {
+      Admitted(0, holding);
+      metrics_->ObserveQueue(queue_seconds);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the request holds ", host_bytes,
+          " bytes of host memory while it is served (its request received and decoded, its "
+          "result and the result encoded), more than the in-flight limit of ",
+          limit, " bytes (--max_inflight_bytes)"));
+    }
+    holding->more_bytes = host_bytes;
+    return absl::OkStatus();
+  }
+  // Admitted in full: the operation leaves the queue (exactly once: the
+  // holding remembers it) and holds what it needs.
+  Admitted(host_bytes, holding);
   if (absl::Status gone = AbandonedStatus(call, "before the operation started"); !gone.ok()) {
     if (!absl::IsCancelled(gone)) metrics_->ObserveQueue(queue_seconds);
     return gone;
   }
+  // Asked by the engine before each shard, by the devices' admission while
+  // it waits and by CPU kernels between blocks: all of them within this
+  // function.
+  const CancelCheck abandoned = [this, &call] { return Abandoned(call); };
   // The devices' own admission waits no longer than the server's.
   CallContext call_context;
-  call_context.deadline = admit_by;
+  call_context.deadline = AdmissionDeadline(call);
   call_context.cancelled = abandoned;
   call_context.owner = call.owner;
   call_context.resident = handles.held();
-  absl::StatusOr<OpResult> result = Run(*engine_, spec, call_context);
+  absl::StatusOr<OpResult> result = Run(*engine_, *spec, call_context);
   // The wait for the devices' room is known only when the operation ran.
   metrics_->ObserveQueue(queue_seconds + (result.ok() ? result->device_wait_seconds : 0));
   if (!result.ok()) {
@@ -299,6 +655,21 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   return absl::OkStatus();
 }
 
+absl::Status ComputeService::Execute(v1::EchoRequest& request, v1::EchoResponse* response,
+                                     const Call& call, Holding* holding) {
+  // The transport baseline: the tensor checked, then moved (not copied) into
+  // the response. It holds what receiving it needed: the bytes as received
+  // and decoded, then the response beside its encoding.
+  Admitted(ReceiveBytes(holding->request_bytes), holding);
+  if (!request.has_input()) {
+    return absl::InvalidArgumentError("input: missing tensor; expected any valid tensor");
+  }
+  RETURN_IF_ERROR(ParseTensor(request.input(), "input").status());
+  response->mutable_output()->Swap(request.mutable_input());
+  response->mutable_timings()->set_server_seconds(SecondsSince(call.accepted));
+  return absl::OkStatus();
+}
+
 absl::Status ComputeService::CheckAccepting(absl::string_view method) {
   if (!draining_) return absl::OkStatus();
   absl::Status status =
@@ -306,112 +677,6 @@ absl::Status ComputeService::CheckAccepting(absl::string_view method) {
   metrics_->RequestStarted();
   metrics_->RequestFinished(method, status.code(), 0);
   return status;
-}
-
-template <typename Request, typename Response>
-grpc::ServerUnaryReactor* ComputeService::RunUnary(absl::string_view method,
-                                                   grpc::CallbackServerContext* context,
-                                                   const Request* request, Response* response) {
-  if (absl::Status status = CheckAccepting(method); !status.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(status));
-    return reactor;
-  }
-  const Call call = StartCall(context);
-  metrics_->RequestStarted();
-  metrics_->AddReceivedBytes(static_cast<int64_t>(request->ByteSizeLong()));
-  BeginOp();
-  EnterQueue();
-  auto* reactor = new UnaryReactor(this, /*observe_send=*/true);
-  bool run_here = false;
-  if (request->ByteSizeLong() <= kInlineRequestBytes) {
-    int running = inline_ops_.load();
-    while (running < kMaxInlineOps && !run_here) {
-      run_here = inline_ops_.compare_exchange_weak(running, running + 1);
-    }
-  }
-  auto body = [this, method, call, request, response, reactor] {
-    Admission::Ticket ticket;
-    const absl::Status status = Execute(*request, response, call, &ticket);
-    if (status.ok()) metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
-    metrics_->RequestFinished(method, CodeSeenByClient(status, call.context, call.deadline),
-                              SecondsSince(call.accepted));
-    // The call's messages and context may be gone once Finish returns. The
-    // ticket is held until then: the response's bytes are in flight too.
-    reactor->Finish(ToGrpcStatus(status));
-    ReleaseTicket(ticket);
-    EndOp();
-  };
-  if (run_here) {
-    body();
-    inline_ops_.fetch_sub(1);
-  } else {
-    pool_->Schedule(std::move(body));
-  }
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* ComputeService::Gemm(grpc::CallbackServerContext* context,
-                                               const v1::GemmRequest* request,
-                                               v1::GemmResponse* response) {
-  return RunUnary("Gemm", context, request, response);
-}
-
-grpc::ServerUnaryReactor* ComputeService::Gemv(grpc::CallbackServerContext* context,
-                                               const v1::GemvRequest* request,
-                                               v1::GemvResponse* response) {
-  return RunUnary("Gemv", context, request, response);
-}
-
-grpc::ServerUnaryReactor* ComputeService::Reduce(grpc::CallbackServerContext* context,
-                                                 const v1::ReduceRequest* request,
-                                                 v1::ReduceResponse* response) {
-  return RunUnary("Reduce", context, request, response);
-}
-
-grpc::ServerUnaryReactor* ComputeService::Transpose(grpc::CallbackServerContext* context,
-                                                    const v1::TransposeRequest* request,
-                                                    v1::TransposeResponse* response) {
-  return RunUnary("Transpose", context, request, response);
-}
-
-grpc::ServerUnaryReactor* ComputeService::Attention(grpc::CallbackServerContext* context,
-                                                    const v1::AttentionRequest* request,
-                                                    v1::AttentionResponse* response) {
-  return RunUnary("Attention", context, request, response);
-}
-
-grpc::ServerUnaryReactor* ComputeService::Echo(grpc::CallbackServerContext* context,
-                                               const v1::EchoRequest* request,
-                                               v1::EchoResponse* response) {
-  // The transport baseline: answered on the gRPC thread, the payload moved
-  // (not copied) from request to response.
-  if (absl::Status status = CheckAccepting("Echo"); !status.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(status));
-    return reactor;
-  }
-  // Open until its answer is sent: a drain waits for that (WaitIdle).
-  auto* reactor = new UnaryReactor(this, /*observe_send=*/false);
-  const absl::Time accepted = absl::Now();
-  metrics_->RequestStarted();
-  const int64_t size = static_cast<int64_t>(request->ByteSizeLong());
-  metrics_->AddReceivedBytes(size);
-  absl::Status status;
-  if (!request->has_input()) {
-    status = absl::InvalidArgumentError("input: missing tensor; expected any valid tensor");
-  } else {
-    status = ParseTensor(request->input(), "input").status();
-  }
-  if (status.ok()) {
-    // The request message belongs to this call and is not read again.
-    response->mutable_output()->Swap(const_cast<v1::EchoRequest*>(request)->mutable_input());
-    response->mutable_timings()->set_server_seconds(SecondsSince(accepted));
-    metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
-  }
-  metrics_->RequestFinished("Echo", status.code(), SecondsSince(accepted));
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* ComputeService::GetServerInfo(grpc::CallbackServerContext* context,
@@ -473,15 +738,14 @@ grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContex
 }
 
 absl::Status ComputeService::ExecuteBatchItem(const v1::BatchRequest& item, const Call& call,
-                                              v1::BatchResponse* response,
-                                              Admission::Ticket* ticket,
+                                              v1::BatchResponse* response, Holding* holding,
                                               absl::string_view* method) {
   if (item.id().size() > kMaxBatchIdBytes) {
     // An unbounded id would be echoed into a response that may no longer
     // fit a message, failing the whole stream.
     response->set_id(item.id().substr(0, kMaxBatchIdBytes));
     *method = "Batch/BadId";
-    LeaveQueue();
+    Admitted(0, holding);
     return absl::InvalidArgumentError(
         absl::StrCat("id: ", item.id().size(), " bytes; at most ", kMaxBatchIdBytes));
   }
@@ -489,24 +753,24 @@ absl::Status ComputeService::ExecuteBatchItem(const v1::BatchRequest& item, cons
   switch (item.op_case()) {
     case v1::BatchRequest::kGemm:
       *method = "Batch/Gemm";
-      return Execute(item.gemm(), response->mutable_gemm(), call, ticket);
+      return Execute(item.gemm(), response->mutable_gemm(), call, holding);
     case v1::BatchRequest::kGemv:
       *method = "Batch/Gemv";
-      return Execute(item.gemv(), response->mutable_gemv(), call, ticket);
+      return Execute(item.gemv(), response->mutable_gemv(), call, holding);
     case v1::BatchRequest::kReduce:
       *method = "Batch/Reduce";
-      return Execute(item.reduce(), response->mutable_reduce(), call, ticket);
+      return Execute(item.reduce(), response->mutable_reduce(), call, holding);
     case v1::BatchRequest::kTranspose:
       *method = "Batch/Transpose";
-      return Execute(item.transpose(), response->mutable_transpose(), call, ticket);
+      return Execute(item.transpose(), response->mutable_transpose(), call, holding);
     case v1::BatchRequest::kAttention:
       *method = "Batch/Attention";
-      return Execute(item.attention(), response->mutable_attention(), call, ticket);
+      return Execute(item.attention(), response->mutable_attention(), call, holding);
     case v1::BatchRequest::OP_NOT_SET:
       break;
   }
   *method = "Batch/Unset";
-  LeaveQueue();
+  Admitted(0, holding);
   return absl::InvalidArgumentError(
       "op: missing; expected one of gemm, gemv, reduce, transpose, attention");
 }

@@ -1,8 +1,20 @@
-// The Compute service: thin gRPC callback-API handlers. Each decodes and
-// validates its request (validate.h), waits for admission
-// (server/engine/admission.h), calls the engine on a worker of ours (never
-// on gRPC's threads), encodes the result (convert.h) and finishes the call
-// from the worker. The Batch stream's reactor is in batch_reactor.cc.
+// The Compute service: thin gRPC callback-API handlers. Each waits for
+// admission (server/engine/admission.h) before it receives its request's
+// bytes, decodes and validates the request (validate.h), calls the engine on
+// a worker of ours (never on gRPC's threads), encodes the result
+// (convert.h) and finishes the call. The Batch stream's reactor is in
+// batch_reactor.cc, the transfer streams' in transfer.cc.
+//
+// Host memory: everything a call holds (its request, received and decoded,
+// its result, its answer until sent) counts against --max_inflight_bytes,
+// from before the request is received to after the answer is sent. The
+// operations and Echo are served as streams on the server's side (the wire
+// format is unary), so that gRPC reads nothing of a request until the
+// handler asks for it: a request that declares its size
+// (kRequestBytesMetadataKey, as our clients do) is admitted before its
+// bytes are read, or refused before they are if it can never fit; one that
+// does not is received one at a time with a small reservation and admitted
+// once its size is known.
 #ifndef GPUCOMPUTE_SERVER_SERVICE_COMPUTE_SERVICE_H_
 #define GPUCOMPUTE_SERVER_SERVICE_COMPUTE_SERVICE_H_
 
@@ -17,6 +29,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -34,7 +47,8 @@ namespace gpucompute {
 struct ServiceOptions {
   // Checks beyond the wire format (result size, head dims).
   Limits limits;
-  // Reported by GetServerInfo.
+  // Largest request or response message (--max_message_bytes); reported by
+  // GetServerInfo; 0: not checked before a request is received.
   int64_t max_message_bytes = 0;
   // Items of one Batch stream read ahead of their answers being written;
   // beyond this the stream stops reading (flow control pushes back on the
@@ -42,8 +56,8 @@ struct ServiceOptions {
   int batch_window = 64;
   // Bytes one Batch stream holds between reading an item and writing its
   // answer: the request's until it is answered, then the answer's (which
-  // holds no admission once computed). Beyond this the stream stops reading
-  // too; at least one item is always read.
+  // holds admission for its encoded bytes until written). Beyond this the
+  // stream stops reading too; at least one item is always read.
   int64_t batch_window_bytes = int64_t{1} << 30;
   // A Batch stream whose answer has waited this long to be written (its
   // client does not read) is ended RESOURCE_EXHAUSTED and its answers
@@ -52,12 +66,22 @@ struct ServiceOptions {
 };
 
 // Upload and Download are served raw: their chunks' bytes go between gRPC's
-// slices and the tensor without protobuf copying them (proto/wire.h).
+// slices and the tensor without protobuf copying them (proto/wire.h). The
+// constructor makes Batch raw too (an item stays in gRPC's slices until
+// admitted) and replaces the unary operations and Echo by raw streams.
 using ComputeServiceBase = v1::Compute::WithRawCallbackMethod_Upload<
     v1::Compute::WithRawCallbackMethod_Download<v1::Compute::CallbackService>>;
 
 class ComputeService final : public ComputeServiceBase {
  public:
+  // Request metadata with the byte size of the (encoded) request message of
+  // a unary operation or Echo; optional. With it the server admits the call
+  // before receiving the request, and refuses one that can never fit
+  // (RESOURCE_EXHAUSTED naming --max_message_bytes or --max_inflight_bytes)
+  // before its bytes are read. A request larger than it declared is refused
+  // (INVALID_ARGUMENT).
+  static constexpr char kRequestBytesMetadataKey[] = "gpucompute-request-bytes";
+
   // Borrows everything; all of it must outlive the service and every call
   // it has started (the server drains calls and the pool first).
   ComputeService(Engine* engine, Admission* admission, WorkerPool* pool, Metrics* metrics,
@@ -75,29 +99,9 @@ class ComputeService final : public ComputeServiceBase {
     on_no_healthy_device_ = std::move(callback);
   }
 
-  grpc::ServerUnaryReactor* Gemm(grpc::CallbackServerContext* context,
-                                 const v1::GemmRequest* request,
-                                 v1::GemmResponse* response) override;
-  grpc::ServerUnaryReactor* Gemv(grpc::CallbackServerContext* context,
-                                 const v1::GemvRequest* request,
-                                 v1::GemvResponse* response) override;
-  grpc::ServerUnaryReactor* Reduce(grpc::CallbackServerContext* context,
-                                   const v1::ReduceRequest* request,
-                                   v1::ReduceResponse* response) override;
-  grpc::ServerUnaryReactor* Transpose(grpc::CallbackServerContext* context,
-                                      const v1::TransposeRequest* request,
-                                      v1::TransposeResponse* response) override;
-  grpc::ServerUnaryReactor* Attention(grpc::CallbackServerContext* context,
-                                      const v1::AttentionRequest* request,
-                                      v1::AttentionResponse* response) override;
-  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
-                                 const v1::EchoRequest* request,
-                                 v1::EchoResponse* response) override;
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::ServerInfoRequest* request,
                                           v1::ServerInfoResponse* response) override;
-  grpc::ServerBidiReactor<v1::BatchRequest, v1::BatchResponse>* Batch(
-      grpc::CallbackServerContext* context) override;
   // Resident tensors (transfer.cc holds the streams).
   // Upload: UploadRequest messages in, an UploadResponse out.
   grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(grpc::CallbackServerContext* context,
@@ -138,10 +142,22 @@ class ComputeService final : public ComputeServiceBase {
  private:
   class BatchReactor;
   class RejectedStream;
-  class UnaryReactor;
+  template <typename Request, typename Response>
+  class OpCall;
   class UploadReactor;
   class DownloadReactor;
   class UploadAssembly;
+
+  // Decodes a request received raw (each large bytes field copied once,
+  // into a string of its size).
+  static absl::Status Decode(const grpc::ByteBuffer& raw, google::protobuf::Message* message);
+
+  // Longest BatchRequest.id accepted (it is echoed in the answer).
+  static constexpr size_t kMaxBatchIdBytes = 1024;
+
+  // Host memory a request of `request_bytes` needs to be received and
+  // decoded: its bytes as they came and their decoded copy.
+  static int64_t ReceiveBytes(int64_t request_bytes);
 
   // UNAVAILABLE while draining, counted under `method`.
   absl::Status CheckAccepting(absl::string_view method);
@@ -171,26 +187,77 @@ class ComputeService final : public ComputeServiceBase {
   // server's starts when the call's headers arrive).
   static absl::Time AdmissionDeadline(const Call& call);
 
-  // Schedules `request` on the pool and finishes the call from there.
+  // Waits (without blocking) for `bytes` of `admission` for `call`, then
+  // calls `then` with the ticket or the refusal: on this thread when that is
+  // decided at once, a later ticket on a worker thread, a later refusal on
+  // the thread that decides it (the watch's). `then` must not block. The
+  // wait ends once `call` is abandoned (Abandoned), refused as
+  // AbandonedStatus says (UNAVAILABLE after CancelOperations()).
+  void WhenAdmitted(Admission& admission, int64_t bytes, const Call& call,
+                    absl::AnyInvocable<void(absl::StatusOr<Admission::Ticket>)> then);
+
+  // A Batch stream (raw: BatchRequest messages in, BatchResponse messages
+  // out).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* OpenBatch(
+      grpc::CallbackServerContext* context);
+
+  // Serves `method` of the Compute service (a unary operation or Echo) as a
+  // raw stream, each call an OpCall<Request, Response>.
   template <typename Request, typename Response>
-  grpc::ServerUnaryReactor* RunUnary(absl::string_view method, grpc::CallbackServerContext* context,
-                                     const Request* request, Response* response);
+  void ServeAsStream(absl::string_view method);
+
+  // What an operation holds while it is served: its admission and the
+  // request as it was received.
+  struct Holding {
+    // The server's admission (--max_inflight_bytes) for the call's host
+    // memory: first what receiving the request needs, then what running it
+    // does (HostBytes), then its encoded answer until that is sent.
+    Admission::Ticket ticket;
+    // receive_slot_, held while the request's bytes are not all admitted.
+    Admission::Ticket slot;
+    // The request's bytes as received; cleared once they are decoded and
+    // the operation admitted.
+    grpc::ByteBuffer raw;
+    int64_t request_bytes = 0;
+    // Counted in the queue depth (EnterQueue) and not yet left.
+    bool queued = false;
+    // Set by Execute when `ticket` is not enough: the bytes to wait for.
+    int64_t more_bytes = 0;
+  };
 
   // One item of a Batch stream, on the calling (worker) thread: checks its id
   // and op and runs it (Execute), filling response's id and result and
-  // `*method` (the metrics' name, "Batch/<Op>"). The item has been entered
-  // in the queue (EnterQueue); returns the item's status.
+  // `*method` (the metrics' name, "Batch/<Op>"); returns the item's status.
+  // As Execute, it may instead ask for more admission.
   absl::Status ExecuteBatchItem(const v1::BatchRequest& item, const Call& call,
-                                v1::BatchResponse* response, Admission::Ticket* ticket,
+                                v1::BatchResponse* response, Holding* holding,
                                 absl::string_view* method);
 
-  // Validate, admit, compute, encode: the whole of one operation, on the
-  // calling (worker) thread. `response` is filled only on success.
-  // `ticket` receives the admission, which the caller holds until the
-  // response is sent.
+  // Validate, compute, encode: the whole of one operation, on the calling
+  // (worker) thread, under `holding` (the admission taken before the request
+  // was received). When the operation needs more than holding->ticket
+  // (HostBytes), sets holding->more_bytes to what it needs and returns OK
+  // without running: the caller gives the ticket back, waits for that much
+  // and calls again. Otherwise the ticket shrinks to what the operation
+  // needs, the raw request and the receive slot are let go, the operation
+  // leaves the queue, and `response` is filled on success. The caller holds
+  // the ticket until the answer is sent. An operation whose call is
+  // abandoned (Abandoned) before it starts or while it runs stops, with
+  // AbandonedStatus's code (UNAVAILABLE after CancelOperations()).
   template <typename Request, typename Response>
   absl::Status Execute(const Request& request, Response* response, const Call& call,
-                       Admission::Ticket* ticket);
+                       Holding* holding);
+  // Echo: the tensor checked and moved (not copied) into the response.
+  absl::Status Execute(v1::EchoRequest& request, v1::EchoResponse* response, const Call& call,
+                       Holding* holding);
+  // The part of Execute after validation, once the request is admitted in
+  // full: lets go of what was only needed to receive it.
+  void Admitted(int64_t host_bytes, Holding* holding);
+
+  // Operations run on the gRPC thread that received them (small requests):
+  // true when one more may.
+  bool TryRunInline();
+  void DoneInline() { inline_ops_.fetch_sub(1); }
 
   // The upload a stream's header starts or joins: a new pending tensor, or
   // the upload in progress with the same owner and upload_id (parts > 1).
@@ -202,9 +269,6 @@ class ComputeService final : public ComputeServiceBase {
   // once dropped).
   std::shared_ptr<ResidentTensor> FinishUpload(const std::string& owner,
                                                const std::shared_ptr<UploadAssembly>& assembly);
-
-  // Returns an admission ticket's bytes (if any) and updates the gauge.
-  void ReleaseTicket(Admission::Ticket& ticket);
 
   // Accepted operations that have not started computing.
   void EnterQueue();
@@ -222,19 +286,25 @@ class ComputeService final : public ComputeServiceBase {
   // from its reactor's creation to its OnDone.
   void WatchStream(BatchReactor* stream);
   void UnwatchStream(BatchReactor* stream);
-  // The watch's thread: every fraction of stalled_stream_timeout, ends the
-  // streams whose answer has waited longer than that to be written.
-  void WatchStalledStreams();
+  // The watch's thread: ends the admission waits whose deadline passed or
+  // whose call was cancelled (every few milliseconds) and, every fraction of
+  // stalled_stream_timeout, the streams whose answer has waited longer than
+  // that to be written.
+  void Watch();
 
   Engine* const engine_;
   std::function<void()> on_no_healthy_device_;
   Admission* const admission_;
+  // Requests that did not declare their size are received one at a time,
+  // and so are requests that outgrew what was reserved for them while they
+  // wait for more: at most one is held outside admission.
+  Admission receive_slot_{1, "one request received ahead of its admission at a time"};
   WorkerPool* const pool_;
   Metrics* const metrics_;
   const ServiceOptions options_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> cancel_operations_{false};
-  // Operations running on gRPC's threads now (RunUnary: small requests).
+  // Operations running on gRPC's threads now (OpCall: small requests).
   std::atomic<int> inline_ops_{0};
   // Multi-part uploads in progress, by owner and upload_id.
   absl::Mutex uploads_mu_;
@@ -247,7 +317,7 @@ class ComputeService final : public ComputeServiceBase {
   absl::Mutex streams_mu_;
   std::set<BatchReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool stop_watch_ ABSL_GUARDED_BY(streams_mu_) = false;
-  std::thread watch_;  // not started when the timeout is infinite
+  std::thread watch_;
 };
 
 }  // namespace gpucompute

@@ -6,6 +6,11 @@
 // into a buffer that gRPC sends as it is. Each chunk is copied while gRPC
 // receives or sends the next: the reactor keeps one read or write in flight
 // while it copies the previous or next chunk.
+//
+// Each chunk holds admission (--max_inflight_bytes) for its bytes while the
+// server holds them in host memory: an uploaded chunk from its arrival (the
+// next is read once it is admitted) until it is copied, a downloaded one
+// from before it is read until it is sent.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -150,40 +155,40 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
  public:
   UploadReactor(ComputeService* service, grpc::CallbackServerContext* context,
                 grpc::ByteBuffer* response)
-      : service_(service), context_(context), response_(response), owner_(OwnerOf(*context)) {
+      : service_(service),
+        context_(context),
+        response_(response),
+        owner_(OwnerOf(*context)),
+        call_(service->StartCall(context)) {
     service_->BeginCall();
     service_->metrics_->RequestStarted();
     StartRead(&incoming_);
   }
 
   void OnReadDone(bool ok) override {
-    absl::Status failed;
-    {
-      absl::MutexLock order(&copy_mu_);
-      if (!ok) {
+    if (!ok) {
+      absl::Status failed;
+      {
+        absl::MutexLock order(&copy_mu_);
         failed = EndOfStream();
-      } else {
-        // One message at a time is copied; the next is received meanwhile.
-        grpc::ByteBuffer raw;
-        raw.Swap(&incoming_);
-        if (first_ == absl::InfinitePast()) first_ = absl::Now();
-        v1::UploadRequest chunk;
-        std::vector<wire::ExternalField> external;
-        failed = wire::Parse(raw, &chunk, &external, kExternalBytes, "request");
-        if (failed.ok()) failed = CheckHeader(chunk);
-        if (failed.ok() && !aborted_) {
-          StartRead(&incoming_);
-          failed = Copy(chunk, external);
-        }
+        if (!failed.ok()) failed = Abort(failed);
       }
-      if (!failed.ok()) failed = Abort(failed);
+      // Outside copy_mu_: once finished, the reactor may be deleted.
+      Finished(failed);
+      return;
     }
-    // Outside copy_mu_: once finished, the reactor may be deleted.
-    if (!failed.ok()) {
-      FinishOnce(failed);
-    } else if (completed_.has_value()) {
-      Complete(*completed_);
+    // The chunk waits in gRPC's slices for admission; the next is read once
+    // it is admitted.
+    auto raw = std::make_shared<grpc::ByteBuffer>();
+    raw->Swap(&incoming_);
+    {
+      absl::MutexLock lock(&finish_mu_);
+      admitting_ = true;
     }
+    service_->WhenAdmitted(*service_->admission_, static_cast<int64_t>(raw->Length()), call_,
+                           [this, raw](absl::StatusOr<Admission::Ticket> ticket) {
+                             Received(*raw, std::move(ticket));
+                           });
   }
 
   void OnCancel() override {
@@ -197,8 +202,14 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
 
   void OnDone() override {
     service_->metrics_->RequestFinished("Upload", final_code_, SecondsSince(accepted_));
-    service_->EndCall();
-    delete this;
+    bool gone;
+    {
+      absl::MutexLock lock(&finish_mu_);
+      done_ = true;
+      gone = !admitting_;
+    }
+    // Else the admission on its way deletes the reactor (Received).
+    if (gone) Delete();
   }
 
   // The upload this stream belongs to ended: finishes with `info` or the
@@ -216,6 +227,55 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
   }
 
  private:
+  // A chunk's admission came (or was refused): copies the chunk where it
+  // belongs while the next is received, then gives the admission back.
+  void Received(grpc::ByteBuffer& raw, absl::StatusOr<Admission::Ticket> ticket) {
+    absl::Status failed;
+    {
+      absl::MutexLock order(&copy_mu_);
+      if (!ticket.ok()) {
+        failed = ticket.status();
+      } else {
+        if (first_ == absl::InfinitePast()) first_ = absl::Now();
+        v1::UploadRequest chunk;
+        std::vector<wire::ExternalField> external;
+        failed = wire::Parse(raw, &chunk, &external, kExternalBytes, "request");
+        if (failed.ok()) failed = CheckHeader(chunk);
+        if (failed.ok() && !aborted_) {
+          StartRead(&incoming_);
+          failed = Copy(chunk, external);
+        }
+      }
+      raw.Clear();
+      if (!failed.ok()) failed = Abort(failed);
+    }
+    if (ticket.ok()) *ticket = Admission::Ticket();  // the chunk's bytes are gone
+    Finished(failed);
+    bool gone;
+    {
+      absl::MutexLock lock(&finish_mu_);
+      admitting_ = false;
+      gone = done_;
+    }
+    if (gone) Delete();
+  }
+
+  // Finishes with `failed`, or answers once the upload completed.
+  // REQUIRES: copy_mu_ not held.
+  void Finished(const absl::Status& failed) {
+    if (!failed.ok()) {
+      FinishOnce(failed);
+    } else if (completed_.has_value()) {
+      Complete(*completed_);
+    }
+  }
+
+  void Delete() {
+    ComputeService* const service = service_;
+    delete this;
+    service->EndCall();
+  }
+
   // Validates the header and creates (or joins) the upload.
   absl::Status Begin(const v1::UploadRequest& first) {
     if (!first.has_header()) return Invalid("header", "missing in the first message");
@@ -339,6 +399,7 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
   grpc::CallbackServerContext* const context_;
   grpc::ByteBuffer* const response_;
   const std::string owner_;
+  const Call call_;
   const absl::Time accepted_ = absl::Now();
   grpc::ByteBuffer incoming_;  // the read in flight
 
@@ -354,6 +415,10 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
 
   absl::Mutex finish_mu_;
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
+  // A chunk waits for admission (its callback still to come), and gRPC is
+  // done with the stream (OnDone): whichever comes last deletes the reactor.
+  bool admitting_ ABSL_GUARDED_BY(finish_mu_) = false;
+  bool done_ ABSL_GUARDED_BY(finish_mu_) = false;
   absl::StatusCode final_code_ = absl::StatusCode::kOk;
 };
 
@@ -405,7 +470,7 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
  public:
   DownloadReactor(ComputeService* service, grpc::CallbackServerContext* context,
                   const grpc::ByteBuffer& request)
-      : service_(service) {
+      : service_(service), call_(service->StartCall(context)) {
     service_->BeginCall();
     service_->metrics_->RequestStarted();
     absl::Status status = Start(OwnerOf(*context), request);
@@ -419,9 +484,12 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
   void OnWriteDone(bool ok) override {
     bool finish = false, write = false;
     absl::Status status;
+    Admission::Ticket written;  // the chunk's admission, given back after mu_
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      in_flight_.Clear();
+      written = std::move(in_flight_ticket_);
       if (!ok) {
         if (error_.ok()) error_ = absl::CancelledError("the download stream broke");
       } else {
@@ -457,6 +525,7 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
   struct Chunk {
     grpc::ByteBuffer message;
     int64_t bytes = 0;
+    Admission::Ticket ticket;  // its admission, until it is sent
   };
 
   absl::Status Start(const std::string& owner, const grpc::ByteBuffer& raw) {
@@ -488,49 +557,65 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
     return absl::OkStatus();
   }
 
-  // Reads chunks while there is room for one behind the write in flight,
-  // starting each write that can start. Only one thread reads at a time.
+  // Reads a chunk while there is room for one behind the write in flight,
+  // once it is admitted (Prepared reads it and pumps again), starting each
+  // write that can start. Only one chunk is prepared at a time.
   void Pump() {
-    while (true) {
-      int64_t offset, n;
-      bool first;
-      {
-        absl::MutexLock lock(&mu_);
-        if (preparing_ || !error_.ok() || ready_.has_value() || (next_ >= end_ && !first_)) return;
-        preparing_ = true;
-        offset = next_;
-        n = std::min(chunk_, end_ - next_);
-        first = first_;
-        first_ = false;
-        next_ += n;
-      }
-      absl::StatusOr<Chunk> chunk = Read(offset, n, first);
-      bool finish = false, write = false;
-      absl::Status status;
-      {
-        absl::MutexLock lock(&mu_);
-        preparing_ = false;
-        if (!chunk.ok()) {
-          if (error_.ok()) error_ = chunk.status();
-        } else if (error_.ok()) {
-          if (!writing_) {
-            TakeChunk(std::move(*chunk));
-            write = true;
-          } else {
-            ready_ = std::move(*chunk);
-          }
+    int64_t offset, n;
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      if (preparing_ || !error_.ok() || ready_.has_value() || (next_ >= end_ && !first_)) return;
+      preparing_ = true;
+      offset = next_;
+      n = std::min(chunk_, end_ - next_);
+      first = first_;
+      first_ = false;
+      next_ += n;
+    }
+    service_->WhenAdmitted(*service_->admission_, n, call_,
+                           [this, offset, n, first](absl::StatusOr<Admission::Ticket> ticket) {
+                             Prepared(offset, n, first, std::move(ticket));
+                           });
+  }
+
+  // The admission of the chunk [offset, offset + n) came (or was refused):
+  // reads it and writes it, or keeps it ready behind the write in flight.
+  void Prepared(int64_t offset, int64_t n, bool first, absl::StatusOr<Admission::Ticket> ticket) {
+    absl::StatusOr<Chunk> chunk = absl::UnknownError("not read");
+    if (!ticket.ok()) {
+      chunk = ticket.status();
+    } else {
+      chunk = Read(offset, n, first);
+      if (chunk.ok()) chunk->ticket = *std::move(ticket);
+    }
+    bool finish = false, write = false;
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      preparing_ = false;
+      if (!chunk.ok()) {
+        if (error_.ok()) error_ = chunk.status();
+      } else if (error_.ok()) {
+        if (!writing_) {
+          TakeChunk(std::move(*chunk));
+          write = true;
+        } else {
+          ready_ = std::move(*chunk);
         }
-        if (!error_.ok() && !writing_) {
-          finish = true;
-          status = error_;
-        }
       }
-      if (write) StartWrite(&in_flight_);
-      if (finish) {
-        Done(status);
-        return;
+      if (!error_.ok() && !writing_) {
+        finish = true;
+        status = error_;
       }
     }
+    chunk = absl::CancelledError("");  // a chunk not kept gives its admission back
+    if (write) StartWrite(&in_flight_);
+    if (finish) {
+      Done(status);
+      return;
+    }
+    Pump();
   }
 
   // The message of the bytes [offset, offset + n), with the tensor's
@@ -560,6 +645,7 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
     writing_ = true;
     writing_bytes_ = chunk.bytes;
     in_flight_ = std::move(chunk.message);
+    in_flight_ticket_ = std::move(chunk.ticket);
   }
 
   void Done(const absl::Status& status) {
@@ -568,6 +654,7 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
   }
 
   ComputeService* const service_;
+  const Call call_;
   const absl::Time accepted_ = absl::Now();
   std::shared_ptr<ResidentTensor> tensor_;
   int64_t chunk_ = kDefaultChunkBytes, end_ = 0;
@@ -581,6 +668,7 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int64_t writing_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ByteBuffer in_flight_;  // being written (owned by the write while writing_)
+  Admission::Ticket in_flight_ticket_ ABSL_GUARDED_BY(mu_);  // in_flight_'s admission
   std::optional<Chunk> ready_ ABSL_GUARDED_BY(mu_);  // read, waiting for the write
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   double d2h_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -11,7 +11,7 @@ WorkerPool::WorkerPool(int num_threads) {
 
 WorkerPool::~WorkerPool() { Stop(); }
 
-void WorkerPool::Schedule(std::function<void()> task) {
+void WorkerPool::Schedule(absl::AnyInvocable<void()> task) {
   absl::MutexLock lock(&mu_);
   tasks_.push_back(std::move(task));
 }
@@ -33,7 +33,7 @@ size_t WorkerPool::queued() const {
 
 void WorkerPool::Loop() {
   for (;;) {
-    std::function<void()> task;
+    absl::AnyInvocable<void()> task;
     {
       absl::MutexLock lock(&mu_);
       // A thread leaves only when nothing is queued and nothing runs that

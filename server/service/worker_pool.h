@@ -4,11 +4,11 @@
 
 #include <cstddef>
 #include <deque>
-#include <functional>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 
 namespace gpucompute {
@@ -25,7 +25,7 @@ class WorkerPool {
 
   // Queues `task`. After Stop() has begun, tasks still run (Stop waits for
   // them), so a caller never loses one.
-  void Schedule(std::function<void()> task);
+  void Schedule(absl::AnyInvocable<void()> task);
 
   // Waits until every scheduled task (including tasks those schedule) has
   // run, then joins the threads. Idempotent.
@@ -39,7 +39,7 @@ class WorkerPool {
   void Loop();
 
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  std::deque<absl::AnyInvocable<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;

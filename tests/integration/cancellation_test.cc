@@ -147,6 +147,16 @@ TEST(CancellationTest, CallsThatLeaveStopComputing) {
   EXPECT_TRUE(let_go);
   EXPECT_LT(stopped, absl::Seconds(1))
       << "the calls' work went on " << stopped << " after their clients left";
+  // Their admission (--max_inflight_bytes) and their places in the queue
+  // were given back, each once: nothing is left held or counted twice.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return Metric(metrics, "gpucompute_inflight_bytes") == 0 &&
+               Metric(metrics, "gpucompute_queue_depth") == 0;
+      },
+      absl::Seconds(5)))
+      << "gpucompute_inflight_bytes " << Metric(metrics, "gpucompute_inflight_bytes")
+      << ", gpucompute_queue_depth " << Metric(metrics, "gpucompute_queue_depth");
 
   // Only its kernel ran since: no shard of the abandoned GEMMs completed.
   EXPECT_EQ(Metric(metrics, "gpucompute_kernel_duration_seconds_count") - kernels_before, 1)
@@ -197,6 +207,54 @@ TEST(CancellationTest, SigtermWithSlowGemmsInFlightExitsWithinTheTimeout) {
   }
   std::printf("[ shutdown ] GEMM %lld^3 naive x%d in flight: exited %.3f s after SIGTERM\n",
               static_cast<long long>(slow.a().shape(0)), kInFlight, absl::ToDoubleSeconds(took));
+}
+
+// Under --max_inflight_bytes, calls may wait for admission before their
+// requests are received: at --shutdown_timeout those are stopped too and
+// answered UNAVAILABLE (not CANCELLED), like the one computing.
+TEST(CancellationTest, SigtermAnswersCallsWaitingForAdmissionUnavailable) {
+  GC_SKIP_IF_DEVICES_OVERRIDDEN();
+  constexpr int kCalls = 4;
+  // A 2048^3 fp32 GEMM holds 64 MiB of host memory while served (its 32 MiB
+  // request received and decoded, its 16 MiB result and encoding): one at a
+  // time fits in 100 MiB, and the others wait.
+  constexpr int64_t kSize = 2048;
+  auto server = ServerProcess::Start({"--cpu_devices=1", "--worker_threads=4",
+                                      "--shutdown_timeout=1s", "--max_inflight_bytes=104857600"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = (*server)->NewClient(absl::Seconds(60));
+  const int metrics = (*server)->metrics_port();
+  v1::GemmRequest slow = MakeGemm(v1::FLOAT32, {.m = kSize, .n = kSize, .k = kSize});
+  slow.mutable_options()->set_variant("naive");
+
+  std::vector<absl::Status> statuses(kCalls);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCalls; ++i) {
+    callers.emplace_back([&, i] { statuses[i] = client->Gemm(slow).status(); });
+  }
+  // SIGTERM once one computes and the others wait. (No ASSERT until the
+  // threads are joined.)
+  const bool waiting = WaitFor(
+      [&] {
+        return Metric(metrics, "gpucompute_device_inflight_shards") >= 1 &&
+               Metric(metrics, "gpucompute_queue_depth") >= kCalls - 1;
+      },
+      absl::Seconds(20));
+  EXPECT_TRUE(waiting) << "never one GEMM computing and the others waiting";
+  const absl::Time signalled = absl::Now();
+  (*server)->Signal(SIGTERM);
+  absl::StatusOr<int> status = (*server)->Wait(absl::Seconds(60));
+  const absl::Duration took = absl::Now() - signalled;
+  for (std::thread& t : callers) t.join();
+
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status)) << "killed by signal " << WTERMSIG(*status);
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
+  EXPECT_LT(took, absl::Milliseconds(1500))
+      << "--shutdown_timeout=1s, yet the server exited " << took << " after SIGTERM";
+  for (const absl::Status& s : statuses) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  }
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // A Batch stream whose client stops reading its answers: the answers waiting
-// to be written hold no admission, so every other client is served at once,
-// and after --stalled_stream_timeout the stream is ended RESOURCE_EXHAUSTED
-// with a message that says why. A client that pauses for less than that
-// gets every answer.
+// to be written hold admission for their own bytes only, so every other
+// client is served at once in the room left, and after
+// --stalled_stream_timeout the stream is ended RESOURCE_EXHAUSTED with a
+// message that says why. A client that pauses for less than that gets every
+// answer.
 #include <chrono>
 #include <memory>
 #include <string>

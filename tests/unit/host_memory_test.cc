@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 namespace gpucompute {
 namespace {
@@ -38,6 +39,35 @@ TEST(HostMemoryTest, LargeBlocksComeFromTheHeapAndStayForReuse) {
     EXPECT_GE(mallinfo2().fordblks, kBytes);
   });
   worker.join();
+}
+
+TEST(HostMemoryTest, TheTrimmerGivesBackFreedMemoryBeyondTheRetention) {
+  // Freed blocks below one still in use: the heap cannot shrink from its
+  // top, so they stay resident until trimmed.
+  constexpr size_t kBlock = size_t{8} << 20;
+  constexpr int kBlocks = 16;            // 128 MiB
+  (void)KeepFreedHostMemory(INT32_MAX);  // large blocks from the heap, as in the server
+  malloc_trim(0);  // what earlier tests freed is not counted as the trimmers' base
+  HostMemoryTrimmer keep_all(int64_t{1} << 30, absl::InfiniteDuration());
+  HostMemoryTrimmer keep_none(0, absl::InfiniteDuration());
+  std::vector<char*> blocks;
+  for (int i = 0; i < kBlocks; ++i) {
+    blocks.push_back(static_cast<char*>(malloc(kBlock)));
+    ASSERT_NE(blocks.back(), nullptr);
+    std::memset(blocks.back(), 1, kBlock);
+  }
+  char* pin = static_cast<char*>(malloc(4096));  // above them
+  std::memset(pin, 1, 4096);
+  for (char* block : blocks) free(block);
+  if (keep_none.KeptFreeBytes() < int64_t{kBlock} * kBlocks / 2) {
+    free(pin);
+    GTEST_SKIP() << "the allocator gave the blocks back by itself (mmap)";
+  }
+  EXPECT_FALSE(keep_all.Trim());  // within 1 GiB
+  EXPECT_TRUE(keep_none.Trim());
+  EXPECT_LT(keep_none.KeptFreeBytes(), HostMemoryTrimmer::kSlackBytes);
+  EXPECT_FALSE(keep_none.Trim());
+  free(pin);
 }
 
 }  // namespace

@@ -119,6 +119,82 @@ TEST(AdmissionTest, ZeroMeansNoLimit) {
   EXPECT_TRUE(t.ok());
 }
 
+// What AdmitAsync handed to its callback, and when.
+struct AsyncResult {
+  bool called = false;
+  absl::StatusOr<Admission::Ticket> ticket = absl::UnknownError("not called");
+};
+
+Admission::Done Into(AsyncResult* result) {
+  return [result](absl::StatusOr<Admission::Ticket> ticket) {
+    result->called = true;
+    result->ticket = std::move(ticket);
+  };
+}
+
+TEST(AdmissionTest, AsyncWaitersTakeTheirTurnWithBlockedOnesAndShrinkingMakesRoom) {
+  std::vector<int64_t> changes;
+  Admission admission(100, "--max_inflight_bytes",
+                      [&changes](int64_t delta) { changes.push_back(delta); });
+  AsyncResult at_once, refused, second, third;
+  admission.AdmitAsync(70, absl::InfiniteFuture(), nullptr, Into(&at_once));
+  ASSERT_TRUE(at_once.called);  // decided before AdmitAsync returned
+  ASSERT_TRUE(at_once.ticket.ok());
+  admission.AdmitAsync(101, absl::InfiniteFuture(), nullptr, Into(&refused));
+  ASSERT_TRUE(refused.called);
+  EXPECT_EQ(refused.ticket.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(refused.ticket.status().message(), "--max_inflight_bytes"));
+
+  admission.AdmitAsync(50, absl::InfiniteFuture(), nullptr, Into(&second));
+  EXPECT_FALSE(second.called);
+  // TryAdmit does not pass a waiter, even for bytes that fit.
+  EXPECT_FALSE(admission.TryAdmit(10).has_value());
+  admission.AdmitAsync(10, absl::InfiniteFuture(), nullptr, Into(&third));
+  EXPECT_EQ(admission.waiting(), 2);
+
+  at_once.ticket->ShrinkTo(40);  // 40 + 50 fit, and then 10 more
+  ASSERT_TRUE(second.called);
+  ASSERT_TRUE(third.called);
+  EXPECT_TRUE(second.ticket.ok());
+  EXPECT_TRUE(third.ticket.ok());
+  EXPECT_EQ(admission.inflight_bytes(), 100);
+  EXPECT_EQ(admission.waiting(), 0);
+  second.ticket = Admission::Ticket();
+  third.ticket = Admission::Ticket();
+  at_once.ticket = Admission::Ticket();
+  EXPECT_EQ(admission.inflight_bytes(), 0);
+  int64_t sum = 0;
+  for (int64_t delta : changes) sum += delta;
+  EXPECT_EQ(sum, 0);
+  EXPECT_EQ(changes, (std::vector<int64_t>{70, -30, 50, 10, -50, -10, -40}));
+}
+
+TEST(AdmissionTest, ExpireEndsAsyncWaitsPastTheirDeadlineOrCancelled) {
+  Admission admission(100);
+  absl::StatusOr<Admission::Ticket> held = admission.Admit(100, absl::InfiniteFuture(), Never);
+  ASSERT_TRUE(held.ok());
+  AsyncResult late, cancelled, patient;
+  std::atomic<bool> cancel{false};
+  admission.AdmitAsync(1, absl::Now() + absl::Milliseconds(20), nullptr, Into(&late));
+  admission.AdmitAsync(
+      1, absl::InfiniteFuture(), [&cancel] { return cancel.load(); }, Into(&cancelled));
+  admission.AdmitAsync(1, absl::InfiniteFuture(), nullptr, Into(&patient));
+  admission.Expire();
+  EXPECT_FALSE(late.called);
+  absl::SleepFor(absl::Milliseconds(30));
+  cancel = true;
+  admission.Expire();
+  ASSERT_TRUE(late.called);
+  EXPECT_EQ(late.ticket.status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(cancelled.called);
+  EXPECT_EQ(cancelled.ticket.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(patient.called);
+  EXPECT_EQ(admission.waiting(), 1);
+  *held = Admission::Ticket();
+  ASSERT_TRUE(patient.called);
+  EXPECT_TRUE(patient.ticket.ok());
+}
+
 // --- worker pool -------------------------------------------------------------
 
 TEST(WorkerPoolTest, RunsEveryTaskIncludingThoseScheduledWhileStopping) {

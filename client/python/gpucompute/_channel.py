@@ -17,6 +17,9 @@ from gpucompute.errors import ComputeError
 
 SERVICE = "gpucompute.v1.Compute"
 SESSION_METADATA_KEY = "gpucompute-session"
+# Sent with every unary call: the request's size in bytes, so that the server admits the
+# call before receiving the request (or refuses it before it is sent if it can never fit).
+REQUEST_BYTES_METADATA_KEY = "gpucompute-request-bytes"
 # Most streams of one transfer; room in a transfer message beside its chunk (client.cc).
 MAX_STREAMS = 64
 MESSAGE_OVERHEAD = 1024
@@ -151,6 +154,10 @@ class Settings:
             key = _read(self.client_key_path, "client_key_path")
         return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key,
                                             certificate_chain=cert)
+
+    def unary_metadata(self, payload: bytes) -> Tuple[Tuple[str, str], ...]:
+        """The metadata of a unary call carrying `payload`: metadata() and its size."""
+        return self.metadata() + ((REQUEST_BYTES_METADATA_KEY, str(len(payload))),)
 
     def metadata(self) -> Tuple[Tuple[str, str], ...]:
         """The metadata of every call: the session and the bearer token, when set."""

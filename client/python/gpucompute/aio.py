@@ -100,7 +100,7 @@ class Client(Operations):
         call = self._method("unary_unary", name)
         try:
             return await call(payload, timeout=deadline.remaining(),
-                              metadata=self._settings.metadata(),
+                              metadata=self._settings.unary_metadata(payload),
                               wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
             raise ComputeError.from_rpc_error(e) from None

@@ -172,7 +172,9 @@ class Client(Operations):
                wait_for_ready: bool) -> bytes:
         call = self._method("unary_unary", name)
         try:
-            return call(payload, **self._call_kwargs(timeout, wait_for_ready))
+            return call(payload, timeout=self._settings.timeout(timeout),
+                        metadata=self._settings.unary_metadata(payload),
+                        wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
             raise ComputeError.from_rpc_error(e) from None
 
@@ -180,7 +182,8 @@ class Client(Operations):
                      wait_for_ready: bool) -> bytes:
         call = self._method("unary_unary", name)
         try:
-            return call(payload, timeout=deadline.remaining(), metadata=self._settings.metadata(),
+            return call(payload, timeout=deadline.remaining(),
+                        metadata=self._settings.unary_metadata(payload),
                         wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
             raise ComputeError.from_rpc_error(e) from None

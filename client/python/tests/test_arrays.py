@@ -1,5 +1,6 @@
 """Inputs other than numpy arrays (__dlpack__, __array__, tensors on another device), array
-layouts, bfloat16 conversions, and the metadata every call carries."""
+layouts, bfloat16 conversions, and the metadata every call carries (and a unary call's
+request size)."""
 
 from __future__ import annotations
 
@@ -173,3 +174,6 @@ def test_session_and_token_metadata(tmp_path):
     assert first["authorization"] == "Bearer s3cret"
     assert second["authorization"] == "Bearer from-file" and "gpucompute-session" not in second
     assert "authorization" not in third and "gpucompute-session" not in third
+    # Every unary call declares its request's size, for the server's admission.
+    request = pb.EchoRequest(input=pb.Tensor(dtype=pb.FLOAT32, shape=[3], data=x.tobytes()))
+    assert third["gpucompute-request-bytes"] == str(request.ByteSize())
