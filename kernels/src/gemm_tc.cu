@@ -44,6 +44,17 @@
 //   wgmma_cluster_persistent  the same with as many clusters as fit at once,
 //                     each walking pair tiles. 653 / 660 TFLOP/s = 0.83x / 0.89x;
 //                     best at 8192^3, 16384^3 (0.98x) and 4096x14336x4096 (0.90x).
+//   wgmma_splitk      wgmma_persistent over (tile, K range) units: with fewer
+//                     128x256 tiles than SMs, K is cut into ranges of at least
+//                     2 k-blocks (at most 64 ranges) until the units about fill
+//                     one wave; each range writes fp32 sums to the workspace
+//                     and one more kernel adds them up with alpha and beta
+//                     (SplitKReduceKernel). Through the server's path, ratio to
+//                     cuBLAS (kernels/bench/results/sweep-gemm.md, bf16):
+//                     256x256x65536 0.04x -> 0.73x, 1024x1024x65536 0.30x ->
+//                     0.97x, 64x4096x16384 0.25x -> 0.86x, M=1 against a
+//                     4096x4096 weight 0.23x -> 0.67x; many tiles: one range,
+//                     the same as wgmma_persistent.
 // Run-to-run spread on the H200 is about +-5% for both cuBLAS and us.
 // tf32 (K-major A and B): the best rung reaches 0.92-1.07x cuBLAS tf32 over the
 // six shapes (344 TFLOP/s = 0.99x at 8192^3).
@@ -80,12 +91,15 @@ enum class Rung {
   kWgmmaWs,
   kWgmmaPersistent,
   kWgmmaCluster,
-  kWgmmaClusterPersistent
+  kWgmmaClusterPersistent,
+  kWgmmaSplitK
 };
 
-constexpr const char* kRungNames[] = {"mma_sync",         "wgmma_tma",     "wgmma_ws",
-                                      "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent"};
-constexpr int kNumRungs = 6;
+constexpr const char* kRungNames[] = {"mma_sync",      "wgmma_tma",
+                                      "wgmma_ws",      "wgmma_persistent",
+                                      "wgmma_cluster", "wgmma_cluster_persistent",
+                                      "wgmma_splitk"};
+constexpr int kNumRungs = 7;
 
 bool ParseRung(std::string_view name, Rung* rung) {
   for (int i = 0; i < kNumRungs; ++i)
@@ -96,9 +110,7 @@ bool ParseRung(std::string_view name, Rung* rung) {
   return false;
 }
 
-bool Aligned(const void* p, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
+bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 // Checks every rung shares: types, sizes, leading dimensions, pointers.
 Support CheckCommon(const GemmArgs& a) {
@@ -162,10 +174,10 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m) {
   p.beta = a.beta;
   p.c_type = static_cast<int>(a.c_type);
   p.c_pairs = a.ldc % 2 == 0 && Aligned(a.c, 2 * cs) && (a.batch <= 1 || a.stride_c % 2 == 0);
-  p.a_vec = Aligned(a.a, 16) && (a.lda * es) % 16 == 0 &&
-            (a.batch <= 1 || (a.stride_a * es) % 16 == 0);
-  p.b_vec = Aligned(a.b, 16) && (a.ldb * es) % 16 == 0 &&
-            (a.batch <= 1 || (a.stride_b * es) % 16 == 0);
+  p.a_vec =
+      Aligned(a.a, 16) && (a.lda * es) % 16 == 0 && (a.batch <= 1 || (a.stride_a * es) % 16 == 0);
+  p.b_vec =
+      Aligned(a.b, 16) && (a.ldb * es) % 16 == 0 && (a.batch <= 1 || (a.stride_b * es) % 16 == 0);
   p.a_batched = a.batch > 1 && a.stride_a != 0;
   p.b_batched = a.batch > 1 && a.stride_b != 0;
   p.tiles_m = static_cast<int>((a.m + bm - 1) / bm);
@@ -173,6 +185,36 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m) {
   p.group_m = std::max(1, std::min(group_m, p.tiles_m));
   p.tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n * a.batch;
   return p;
+}
+
+// How wgmma_splitk cuts K: fewer 128 x 256 tiles than SMs and at least 4
+// k-blocks leave SMs idle, so K is cut into ranges (2 k-blocks at least, 64
+// ranges at most) until the units (tile, range) about fill one wave. One
+// range: the plain persistent kernel.
+struct SplitPlan {
+  int splits = 1;
+  int kb_per_split = 0;
+};
+
+SplitPlan PlanSplitK(const GemmArgs& a) {
+  const int64_t kbk = 128 / static_cast<int64_t>(DTypeSize(a.ab_type));
+  const int64_t kblocks = CeilDiv(std::max<int64_t>(a.k, 1), kbk);
+  const int64_t tiles = CeilDiv(a.m, 128) * CeilDiv(a.n, 256) * std::max<int64_t>(a.batch, 1);
+  const int64_t sms = SmCount();
+  SplitPlan plan;
+  plan.kb_per_split = static_cast<int>(std::min<int64_t>(kblocks, INT_MAX));
+  if (tiles >= sms || kblocks < 4) return plan;
+  const int64_t want = std::min<int64_t>({sms / tiles, kblocks / 2, 64});
+  if (want <= 1) return plan;
+  const int64_t per = CeilDiv(kblocks, want);
+  plan.kb_per_split = static_cast<int>(per);
+  plan.splits = static_cast<int>(CeilDiv(kblocks, per));
+  return plan;
+}
+
+size_t SplitWorkspaceBytes(const GemmArgs& a, const SplitPlan& plan) {
+  if (plan.splits <= 1) return 0;
+  return sizeof(float) * size_t(plan.splits) * size_t(a.batch) * size_t(a.m) * size_t(a.n);
 }
 
 template <typename F>
@@ -220,9 +262,12 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 
 template <typename T>
 constexpr CUtensorMapDataType TmaType() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  else if constexpr (std::is_same_v<T, __half>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  else return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  else if constexpr (std::is_same_v<T, __half>)
+    return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  else
+    return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 }
 
 // A 3-D map (inner, outer, batch) over a row-major operand with 128B swizzle
@@ -250,17 +295,17 @@ bool EncodeOperand(CUtensorMap* map, const void* ptr, int64_t inner, int64_t out
 // Launches a wgmma rung; *encoded is false when a tensor map was refused by
 // the driver (nothing launched then).
 template <typename T, bool kTA, bool kTB>
-cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, cudaStream_t stream, bool* encoded) {
+cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStream_t stream,
+                         bool* encoded) {
   constexpr uint32_t kBK = 128 / sizeof(T);
   const bool single = rung == Rung::kWgmmaTma;
   const bool cluster = rung == Rung::kWgmmaCluster || rung == Rung::kWgmmaClusterPersistent;
   const uint32_t bm = single ? 64 : 128, bn_box = cluster ? 128 : 256;
   CUtensorMap map_a, map_b;
-  *encoded =
-      (kTA ? EncodeOperand<T>(&map_a, a.a, a.m, a.k, a.lda, a.batch, a.stride_a, 64, 64)
-           : EncodeOperand<T>(&map_a, a.a, a.k, a.m, a.lda, a.batch, a.stride_a, kBK, bm)) &&
-      (kTB ? EncodeOperand<T>(&map_b, a.b, a.k, a.n, a.ldb, a.batch, a.stride_b, kBK, bn_box)
-           : EncodeOperand<T>(&map_b, a.b, a.n, a.k, a.ldb, a.batch, a.stride_b, 64, 64));
+  *encoded = (kTA ? EncodeOperand<T>(&map_a, a.a, a.m, a.k, a.lda, a.batch, a.stride_a, 64, 64)
+                  : EncodeOperand<T>(&map_a, a.a, a.k, a.m, a.lda, a.batch, a.stride_a, kBK, bm)) &&
+             (kTB ? EncodeOperand<T>(&map_b, a.b, a.k, a.n, a.ldb, a.batch, a.stride_b, kBK, bn_box)
+                  : EncodeOperand<T>(&map_b, a.b, a.n, a.k, a.ldb, a.batch, a.stride_b, 64, 64));
   if (!*encoded) return cudaErrorInvalidValue;
 
   if (single) {
@@ -304,34 +349,52 @@ cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, cudaStream_t stream, bool
     }
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p);
   }
-  const bool persistent = rung == Rung::kWgmmaPersistent;
-  const TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, persistent ? 16 : 1);
-  const int64_t grid = persistent ? std::min<int64_t>(p.tiles, SmCount())
-                                  : std::min<int64_t>(p.tiles, INT_MAX);
+  const bool persistent = rung == Rung::kWgmmaPersistent || rung == Rung::kWgmmaSplitK;
+  TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, persistent ? 16 : 1);
+  if (rung == Rung::kWgmmaSplitK && workspace != nullptr) {
+    const SplitPlan plan = PlanSplitK(a);
+    p.splits = plan.splits;
+    p.kb_per_split = plan.kb_per_split;
+    p.partials = static_cast<float*>(workspace);
+  }
+  const int64_t units = p.tiles * p.splits;
+  const int64_t grid =
+      persistent ? std::min<int64_t>(units, SmCount()) : std::min<int64_t>(units, INT_MAX);
   auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1>;
   if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
   kernel<<<static_cast<unsigned>(grid), 384, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  if (p.splits <= 1) return cudaGetLastError();
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const int64_t total = int64_t(p.batch) * p.m * p.n;
+  const unsigned blocks =
+      static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(total, 256), 1, 8 * int64_t(SmCount())));
+  if (p.c_type == 0)
+    tc::SplitKReduceKernel<float><<<blocks, 256, 0, stream>>>(p);
+  else if constexpr (!std::is_same_v<T, float>)
+    tc::SplitKReduceKernel<T><<<blocks, 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t LaunchWgmma(const GemmArgs& a, Rung rung, cudaStream_t stream, bool* encoded) {
+cudaError_t LaunchWgmma(const GemmArgs& a, Rung rung, void* ws, cudaStream_t stream,
+                        bool* encoded) {
   if constexpr (std::is_same_v<T, float>) {
-    return LaunchWgmmaT<T, false, true>(a, rung, stream, encoded);
+    return LaunchWgmmaT<T, false, true>(a, rung, ws, stream, encoded);
   } else {
     if (a.trans_a)
-      return a.trans_b ? LaunchWgmmaT<T, true, true>(a, rung, stream, encoded)
-                       : LaunchWgmmaT<T, true, false>(a, rung, stream, encoded);
-    return a.trans_b ? LaunchWgmmaT<T, false, true>(a, rung, stream, encoded)
-                     : LaunchWgmmaT<T, false, false>(a, rung, stream, encoded);
+      return a.trans_b ? LaunchWgmmaT<T, true, true>(a, rung, ws, stream, encoded)
+                       : LaunchWgmmaT<T, true, false>(a, rung, ws, stream, encoded);
+    return a.trans_b ? LaunchWgmmaT<T, false, true>(a, rung, ws, stream, encoded)
+                     : LaunchWgmmaT<T, false, false>(a, rung, ws, stream, encoded);
   }
 }
 
 template <typename T>
-cudaError_t LaunchTyped(const GemmArgs& a, Rung rung, bool fallback, cudaStream_t stream) {
+cudaError_t LaunchTyped(const GemmArgs& a, Rung rung, bool fallback, void* workspace,
+                        cudaStream_t stream) {
   if (rung == Rung::kMmaSync) return LaunchMmaSync<T>(a, stream);
   bool encoded = false;
-  const cudaError_t e = LaunchWgmma<T>(a, rung, stream, &encoded);
+  const cudaError_t e = LaunchWgmma<T>(a, rung, workspace, stream, &encoded);
   if (!encoded && fallback) return LaunchMmaSync<T>(a, stream);
   return e;
 }
@@ -368,20 +431,30 @@ Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant) {
   return CheckTma(args);
 }
 
-size_t GemmTcWorkspaceBytes(const GemmArgs&, std::string_view) { return 0; }
+size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
+  if (variant != kRungNames[static_cast<int>(Rung::kWgmmaSplitK)]) return 0;
+  if (!CanImplementGemmTc(args, variant) || args.m == 0 || args.n == 0 || args.batch == 0) return 0;
+  return SplitWorkspaceBytes(args, PlanSplitK(args));
+}
 
 cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,
                          cudaStream_t stream) {
+  // wgmma_splitk without its workspace runs as one range (wgmma_persistent).
   if (!CanImplementGemmTc(args, variant)) return cudaErrorInvalidValue;
   if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
   Rung rung = Rung::kMmaSync;
   const bool fallback = variant.empty();
-  if (fallback) rung = DefaultRung(args);
-  else ParseRung(variant, &rung);
+  if (fallback)
+    rung = DefaultRung(args);
+  else
+    ParseRung(variant, &rung);
   switch (args.ab_type) {
-    case DType::kBF16: return LaunchTyped<__nv_bfloat16>(args, rung, fallback, stream);
-    case DType::kF16: return LaunchTyped<__half>(args, rung, fallback, stream);
-    default: return LaunchTyped<float>(args, rung, fallback, stream);
+    case DType::kBF16:
+      return LaunchTyped<__nv_bfloat16>(args, rung, fallback, workspace, stream);
+    case DType::kF16:
+      return LaunchTyped<__half>(args, rung, fallback, workspace, stream);
+    default:
+      return LaunchTyped<float>(args, rung, fallback, workspace, stream);
   }
 }
 

@@ -36,6 +36,12 @@ struct TcParams {
   int tiles_m = 0, tiles_n = 0;
   int group_m = 1;    // tile order: groups of group_m tile rows, column by column inside
   int64_t tiles = 0;  // batch * tiles_m * tiles_n
+  // Split-K (wgmma_splitk): K cut into `splits` ranges of kb_per_split
+  // k-blocks; range s of every tile writes fp32 sums to partials + s * batch
+  // * m * n (dense [batch][m][n]), which SplitKReduceKernel adds up into C.
+  int splits = 1;
+  int kb_per_split = 0;
+  float* partials = nullptr;
 };
 
 // Tile t of the walk -> (batch, tile row, tile column). group_m == 1 is the
@@ -106,6 +112,25 @@ __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, int row, int c
 template <typename Tc>
 __device__ __forceinline__ Tc* BatchC(const TcParams& p, int b) {
   return static_cast<Tc*>(p.c) + static_cast<int64_t>(b) * p.stride_c;
+}
+
+// C = alpha * (sum of the split-K partials) + beta * C, element by element
+// (coalesced along rows of C; the partials are dense).
+template <typename Tc>
+__global__ void SplitKReduceKernel(const TcParams p) {
+  const int64_t mn = static_cast<int64_t>(p.m) * p.n, total = mn * p.batch;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) s += p.partials[sp * total + e];
+    const int b = static_cast<int>(e / mn);
+    const int64_t r = e - b * mn;
+    const int i = static_cast<int>(r / p.n), j = static_cast<int>(r - int64_t(i) * p.n);
+    Tc* c = BatchC<Tc>(p, b) + static_cast<int64_t>(i) * p.ldc + j;
+    float v = p.alpha * s;
+    if (p.beta != 0.f) v = fmaf(p.beta, ToFloat(*c), v);
+    *c = FromFloat<Tc>(v);
+  }
 }
 
 }  // namespace gpucompute::kernels::tc

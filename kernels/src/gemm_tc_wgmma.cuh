@@ -12,6 +12,8 @@
 //     grouped tile order) rung 4, where the producer already loads the next
 //     tile while the consumers run the epilogue. With kCluster == 2 (rung 5)
 //     the kernel runs as 2-CTA clusters that share the B tile by TMA multicast.
+//     With p.splits > 1 (wgmma_splitk) it walks (tile, K range) units and
+//     writes fp32 partial sums, added up by SplitKReduceKernel.
 #ifndef GPUCOMPUTE_KERNELS_SRC_GEMM_TC_WGMMA_CUH_
 #define GPUCOMPUTE_KERNELS_SRC_GEMM_TC_WGMMA_CUH_
 
@@ -227,7 +229,10 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128;
   const int rank = kCluster > 1 ? static_cast<int>(ClusterCtaRank()) : 0;
   // Both CTAs of a cluster walk the same tiles (p.tiles_m counts CTA pairs).
+  // A unit is a tile and one of its K ranges (one range without split-K).
   const int64_t first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
+  const int64_t units = p.tiles * p.splits;
+  const int kb_per_unit = p.splits > 1 ? p.kb_per_split : kblocks;
 
   if (threadIdx.x == 0) {
     TmaPrefetchDescriptor(&map_a);
@@ -246,12 +251,14 @@ __global__ void __launch_bounds__(384, 1)
     sm90::SetMaxRegistersDec<40>();
     if (threadIdx.x == 0) {
       uint32_t it = 0;
-      for (int64_t tile = first; tile < p.tiles; tile += step) {
+      for (int64_t unit = first; unit < units; unit += step) {
         int bi, tm, tn;
-        DecodeTile(p, tile, bi, tm, tn);
+        DecodeTile(p, unit % p.tiles, bi, tm, tn);
+        const int kb0 = static_cast<int>(unit / p.tiles) * kb_per_unit;
+        const int kb1 = min(kblocks, kb0 + kb_per_unit);
         const int m0 = (tm * kCluster + rank) * Cfg::kBM, n0 = tn * Cfg::kBN;
         const int ba = bi * p.a_batched, bb = bi * p.b_batched;
-        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        for (int kb = kb0; kb < kb1; ++kb, ++it) {
           const int s = it % Cfg::kStages;
           sm90::MbarWait(empty + 8 * s, ((it / Cfg::kStages) & 1) ^ 1);
           IssueStage<T, kTransA, kTransB, Cfg, kCluster>(&map_a, &map_b, stage_a(s), stage_b(s),
@@ -272,24 +279,39 @@ __global__ void __launch_bounds__(384, 1)
       }
     };
     uint32_t it = 0;
-    for (int64_t tile = first; tile < p.tiles; tile += step) {
+    for (int64_t unit = first; unit < units; unit += step) {
       int bi, tm, tn;
-      DecodeTile(p, tile, bi, tm, tn);
+      DecodeTile(p, unit % p.tiles, bi, tm, tn);
+      const int split = static_cast<int>(unit / p.tiles);
+      const int kb0 = split * kb_per_unit, kb1 = min(kblocks, kb0 + kb_per_unit);
       float d[128];
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      for (int kb = kb0; kb < kb1; ++kb, ++it) {
         const int s = it % Cfg::kStages;
         sm90::MbarWait(full + 8 * s, (it / Cfg::kStages) & 1);
         MmaStage<T, kTransA, kTransB, Cfg>(d, stage_a(s) + consumer * 64 * Cfg::kRowBytes,
                                            stage_b(s));
         sm90::WgmmaWait<1>();  // the previous k-block's group is done: release its stage
-        if (kb > 0 && arriver) release((it - 1) % Cfg::kStages);
+        if (kb > kb0 && arriver) release((it - 1) % Cfg::kStages);
       }
       sm90::WgmmaWait<0>();
       if (arriver) release((it - 1) % Cfg::kStages);
       sm90::FenceRegisters(d);
-      Epilogue<T>(p, bi, (tm * kCluster + rank) * Cfg::kBM + consumer * 64, tn * Cfg::kBN, d);
+      const int row0 = (tm * kCluster + rank) * Cfg::kBM + consumer * 64, col0 = tn * Cfg::kBN;
+      if (p.splits > 1) {  // this range's fp32 sums, dense, alpha and beta later
+        TcParams q = p;
+        q.c = p.partials + int64_t(split) * p.batch * p.m * p.n;
+        q.ldc = p.n;
+        q.stride_c = int64_t(p.m) * p.n;
+        q.c_type = 0;
+        q.alpha = 1.f;
+        q.beta = 0.f;
+        q.c_pairs = p.n % 2 == 0;
+        Epilogue<T>(q, bi, row0, col0, d);
+      } else {
+        Epilogue<T>(p, bi, row0, col0, d);
+      }
     }
   }
   // No CTA may leave while its partner can still arrive on its barriers.

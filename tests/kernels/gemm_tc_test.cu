@@ -225,12 +225,13 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
         << "the default must take every shape: " << s.reason;
     GTEST_SKIP() << cs.variant << " refuses: " << s.reason;
   }
-  const size_t ws_bytes = ladder ? 0 : kernels::GemmWorkspaceBytes(args, cs.variant);
+  const size_t ws_bytes = ladder ? kernels::GemmTcWorkspaceBytes(args, rung)
+                                 : kernels::GemmWorkspaceBytes(args, cs.variant);
   static std::unique_ptr<DeviceArray> ws;
   if (ws_bytes > 0 && (!ws || ws->bytes() < ws_bytes)) ws = std::make_unique<DeviceArray>(ws_bytes);
   void* workspace = ws_bytes > 0 ? ws->get() : nullptr;
   d.c->Upload(d.c0.data());
-  GC_ASSERT_CUDA(ladder ? kernels::LaunchGemmTc(args, rung, nullptr, nullptr)
+  GC_ASSERT_CUDA(ladder ? kernels::LaunchGemmTc(args, rung, workspace, nullptr)
                         : kernels::LaunchGemm(args, cs.variant, workspace, nullptr));
   GC_ASSERT_CUDA(cudaDeviceSynchronize());
   std::vector<uint8_t> out(d.c->bytes());
@@ -259,10 +260,11 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
 }
 
 std::vector<Case> AllCases() {
-  const std::vector<std::string> variants = {
-      "mma_sync",         "wgmma_tma",     "wgmma_ws",
-      "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent",
-      "ladder",           "cublaslt",      ""};
+  const std::vector<std::string> variants = {"mma_sync",      "wgmma_tma",
+                                             "wgmma_ws",      "wgmma_persistent",
+                                             "wgmma_cluster", "wgmma_cluster_persistent",
+                                             "wgmma_splitk",  "ladder",
+                                             "cublaslt",      ""};
   const std::vector<std::pair<DType, DType>> types = {{DType::kBF16, DType::kBF16},
                                                       {DType::kBF16, DType::kF32},
                                                       {DType::kF16, DType::kF16},
@@ -277,6 +279,13 @@ std::vector<Case> AllCases() {
   add({"", 300, 1, 136});       // N = 1
   add({"", 1000, 3000, 777});   // odd K: leading dimensions TMA cannot take
   add({"", 2056, 3080, 2072});  // many tiles, ragged edges, TMA-friendly
+  add({"", 256, 512, 8192});    // large K, few tiles: split-K into 32 ranges
+  add({"", 8, 4096, 4096});     // thin M against a wide B: split-K
+  {
+    Case c{"", 100, 300, 3000};
+    c.beta = 0.5f;
+    add(c);  // split-K with a ragged last range and beta
+  }
   {
     Case c{"", 136, 264, 96};
     c.batch = 3;
@@ -359,7 +368,7 @@ GemmArgs SmallArgs() {
 TEST(GemmTcApi, ListsEveryRung) {
   const auto& v = kernels::GemmTcVariants();
   for (const char* name : {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
-                           "wgmma_cluster_persistent"})
+                           "wgmma_cluster_persistent", "wgmma_splitk"})
     EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
 }
 

@@ -61,7 +61,7 @@ struct Options {
 // are left out: they lose everywhere (gemm_simt.md, gemm_tc.md).
 const std::vector<std::string> kTcVariants = {
     "mma_sync", "wgmma_ws", "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent",
-    "cublaslt"};
+    "wgmma_splitk", "cublaslt"};
 const std::vector<std::string> kSimtVariants = {"warptile", "splitk", "cublaslt"};
 
 struct Case {
