@@ -41,14 +41,21 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
   s.trans_a = args.trans_a;
   s.trans_b = args.trans_b;
   s.tma_ok = !UseSimt(args, "") && CanImplementGemmTc(args, "wgmma_persistent");
+  const int64_t es = static_cast<int64_t>(DTypeSize(args.ab_type));
+  auto rows16 = [&](const void* p, int64_t ld, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * es) % 16 == 0 &&
+           (args.batch <= 1 || (stride * es) % 16 == 0);
+  };
+  s.aligned = rows16(args.a, args.lda, args.stride_a) && rows16(args.b, args.ldb, args.stride_b);
   // The ladders cannot read C from elsewhere: the vendor must take c_in.
   const bool needs_vendor = args.beta != 0 && args.c_in != nullptr && args.c_in != args.c;
   s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args));
   s.sms = SmCount();
   if (needs_vendor) return s.vendor_ok ? kGemmVendorVariant : "";
   const std::string_view chosen = ChooseGemmVariant(s);
-  // A rung that refuses these arguments leaves the choice to its ladder.
-  if (!chosen.empty() && !IsVendor(chosen) && !CanImplementGemm(args, chosen)) return "";
+  // A rung that refuses these arguments leaves the choice to the vendor.
+  if (!chosen.empty() && !IsVendor(chosen) && !CanImplementGemm(args, chosen))
+    return s.vendor_ok ? kGemmVendorVariant : "";
   return chosen;
 }
 

@@ -55,6 +55,17 @@
 //                     0.97x, 64x4096x16384 0.25x -> 0.86x, M=1 against a
 //                     4096x4096 weight 0.23x -> 0.67x; many tiles: one range,
 //                     the same as wgmma_persistent.
+//   wgmma_packed      for operands TMA or wgmma cannot read as they lie (rows
+//                     not on 16 bytes: odd K or N in 16-bit; tf32 A transposed
+//                     or B not): each such operand is first copied K-major
+//                     with 16-byte rows into the workspace (PackKMajorKernel,
+//                     32x32 tiles through shared memory), then wgmma_splitk's
+//                     kernel runs on the copies. Through the server's path
+//                     (sweep-gemm.md, run 7): odd sizes 1.32-3.1x cuBLAS
+//                     (cuBLAS has no TMA kernel for such rows either; our
+//                     mma_sync fallback ran 0.35-0.52x there), tf32 TN
+//                     1.02-1.16x, tf32 NN 0.85x / 0.94x at 4096^3 / 8192^3
+//                     (mma_sync: 0.22x).
 // Run-to-run spread on the H200 is about +-5% for both cuBLAS and us.
 // tf32 (K-major A and B): the best rung reaches 0.92-1.07x cuBLAS tf32 over the
 // six shapes (344 TFLOP/s = 0.99x at 8192^3).
@@ -62,7 +73,8 @@
 // The wgmma rungs need what TMA needs: A and B base addresses 16-byte aligned,
 // row and batch strides multiples of 16 bytes, k >= 1; tf32 additionally needs
 // both operands K-major (trans_a false, trans_b true). The empty variant picks
-// a wgmma rung when those hold (see DefaultRung) and mma_sync otherwise.
+// a wgmma rung when those hold (see DefaultRung) and mma_sync otherwise
+// (wgmma_packed, which takes every layout, needs a workspace).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -92,14 +104,15 @@ enum class Rung {
   kWgmmaPersistent,
   kWgmmaCluster,
   kWgmmaClusterPersistent,
-  kWgmmaSplitK
+  kWgmmaSplitK,
+  kWgmmaPacked
 };
 
 constexpr const char* kRungNames[] = {"mma_sync",      "wgmma_tma",
                                       "wgmma_ws",      "wgmma_persistent",
                                       "wgmma_cluster", "wgmma_cluster_persistent",
-                                      "wgmma_splitk"};
-constexpr int kNumRungs = 7;
+                                      "wgmma_splitk",  "wgmma_packed"};
+constexpr int kNumRungs = 8;
 
 bool ParseRung(std::string_view name, Rung* rung) {
   for (int i = 0; i < kNumRungs; ++i)
@@ -215,6 +228,92 @@ SplitPlan PlanSplitK(const GemmArgs& a) {
 size_t SplitWorkspaceBytes(const GemmArgs& a, const SplitPlan& plan) {
   if (plan.splits <= 1) return 0;
   return sizeof(float) * size_t(plan.splits) * size_t(a.batch) * size_t(a.m) * size_t(a.n);
+}
+
+// --- wgmma_packed: operands TMA or wgmma cannot read, copied K-major ---------
+
+// An operand as wgmma_packed sees it: [outer][k] K-major rows (outer = m for
+// A, n for B) at `ptr` with leading dimension `ld`, one matrix per batch
+// entry `stride` apart (0: shared), or transposed in memory.
+struct Operand {
+  const void* ptr = nullptr;
+  int64_t ld = 0, stride = 0;
+  bool k_major = true;
+  bool batched = false;
+};
+
+Operand OperandA(const GemmArgs& a) {
+  return {a.a, a.lda, a.stride_a, !a.trans_a, a.batch > 1 && a.stride_a != 0};
+}
+Operand OperandB(const GemmArgs& a) {
+  return {a.b, a.ldb, a.stride_b, a.trans_b, a.batch > 1 && a.stride_b != 0};
+}
+
+// True when TMA reads the operand K-major as it lies (no copy needed).
+bool ReadsInPlace(const Operand& o, size_t es) {
+  return o.k_major && Aligned(o.ptr, 16) && (o.ld * int64_t(es)) % 16 == 0 &&
+         (!o.batched || (o.stride * int64_t(es)) % 16 == 0);
+}
+
+// Leading dimension of a K-major copy: k rounded up to 16 bytes.
+int64_t PackedLd(int64_t k, size_t es) { return CeilDiv(k * int64_t(es), 16) * 16 / int64_t(es); }
+
+size_t PackedBytes(const GemmArgs& a, const Operand& o, int64_t outer) {
+  const size_t es = DTypeSize(a.ab_type);
+  if (ReadsInPlace(o, es)) return 0;
+  const size_t bytes =
+      size_t(outer) * size_t(PackedLd(a.k, es)) * es * size_t(o.batched ? a.batch : 1);
+  return CeilDiv(int64_t(bytes), 256) * 256;  // the next region stays 256-byte aligned
+}
+
+// dst[b][o][kk] (leading dimension ld_dst, batch stride stride_dst) = element
+// (o, kk) of batch entry b of the operand: src[o * ld + kk] when it is
+// K-major, src[kk * ld + o] when not. 32 x 32 tiles through shared memory, so
+// that both the reads and the writes are coalesced.
+template <typename T, bool kKMajor>
+__global__ void PackKMajorKernel(const T* src, int64_t ld_src, int64_t stride_src, T* dst,
+                                 int64_t ld_dst, int64_t stride_dst, int outer, int k) {
+  __shared__ T tile[32][33];
+  src += blockIdx.z * stride_src;
+  dst += blockIdx.z * stride_dst;
+  const int o0 = blockIdx.y * 32, k0 = blockIdx.x * 32;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    if constexpr (kKMajor) {
+      const int o = o0 + r, kk = k0 + threadIdx.x;
+      if (o < outer && kk < k) tile[r][threadIdx.x] = src[int64_t(o) * ld_src + kk];
+    } else {
+      const int kk = k0 + r, o = o0 + threadIdx.x;
+      if (o < outer && kk < k) tile[threadIdx.x][r] = src[int64_t(kk) * ld_src + o];
+    }
+  }
+  __syncthreads();
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int o = o0 + r, kk = k0 + threadIdx.x;
+    if (o < outer && kk < k) dst[int64_t(o) * ld_dst + kk] = tile[r][threadIdx.x];
+  }
+}
+
+// Copies the operand K-major into `dst` when TMA cannot read it as it lies
+// and points *o at the copy; nothing when it can.
+template <typename T>
+cudaError_t PackOperand(const GemmArgs& a, Operand* o, int64_t outer, void* dst,
+                        cudaStream_t stream) {
+  if (ReadsInPlace(*o, sizeof(T))) return cudaSuccess;
+  const int64_t ld = PackedLd(a.k, sizeof(T));
+  const int64_t stride = o->batched ? outer * ld : 0;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(a.k, 32)),
+                  static_cast<unsigned>(CeilDiv(outer, 32)),
+                  static_cast<unsigned>(o->batched ? a.batch : 1));
+  const T* src = static_cast<const T*>(o->ptr);
+  T* out = static_cast<T*>(dst);
+  if (o->k_major)
+    PackKMajorKernel<T, true><<<grid, dim3(32, 8), 0, stream>>>(src, o->ld, o->stride, out, ld,
+                                                                stride, int(outer), int(a.k));
+  else
+    PackKMajorKernel<T, false><<<grid, dim3(32, 8), 0, stream>>>(src, o->ld, o->stride, out, ld,
+                                                                 stride, int(outer), int(a.k));
+  *o = {dst, ld, stride, true, o->batched};
+  return cudaGetLastError();
 }
 
 template <typename F>
@@ -389,10 +488,38 @@ cudaError_t LaunchWgmma(const GemmArgs& a, Rung rung, void* ws, cudaStream_t str
   }
 }
 
+// wgmma_packed: the operands TMA or wgmma cannot read as they lie copied
+// K-major into the workspace, then wgmma_splitk's kernel on the copies
+// (workspace: [A copy][B copy][split-K partials]).
+template <typename T>
+cudaError_t LaunchPacked(const GemmArgs& a, void* workspace, cudaStream_t stream) {
+  Operand oa = OperandA(a), ob = OperandB(a);
+  const size_t bytes_a = PackedBytes(a, oa, a.m), bytes_b = PackedBytes(a, ob, a.n);
+  if ((bytes_a || bytes_b) && workspace == nullptr) return cudaErrorInvalidValue;
+  char* ws = static_cast<char*>(workspace);
+  if (cudaError_t e = PackOperand<T>(a, &oa, a.m, ws, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = PackOperand<T>(a, &ob, a.n, ws + bytes_a, stream); e != cudaSuccess) return e;
+  GemmArgs packed = a;
+  packed.a = oa.ptr;
+  packed.lda = oa.ld;
+  packed.stride_a = oa.stride;
+  packed.trans_a = false;
+  packed.b = ob.ptr;
+  packed.ldb = ob.ld;
+  packed.stride_b = ob.stride;
+  packed.trans_b = true;
+  bool encoded = false;
+  void* partials = workspace == nullptr ? nullptr : ws + bytes_a + bytes_b;
+  const cudaError_t e =
+      LaunchWgmmaT<T, false, true>(packed, Rung::kWgmmaSplitK, partials, stream, &encoded);
+  return encoded ? e : cudaErrorInvalidValue;
+}
+
 template <typename T>
 cudaError_t LaunchTyped(const GemmArgs& a, Rung rung, bool fallback, void* workspace,
                         cudaStream_t stream) {
   if (rung == Rung::kMmaSync) return LaunchMmaSync<T>(a, stream);
+  if (rung == Rung::kWgmmaPacked) return LaunchPacked<T>(a, workspace, stream);
   bool encoded = false;
   const cudaError_t e = LaunchWgmma<T>(a, rung, workspace, stream, &encoded);
   if (!encoded && fallback) return LaunchMmaSync<T>(a, stream);
@@ -428,18 +555,30 @@ Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant) {
   if (Support s = CheckCommon(args); !s) return s;
   if (variant.empty() || rung == Rung::kMmaSync) return Support::Yes();
   if (args.m == 0 || args.n == 0 || args.batch == 0) return Support::Yes();
+  if (rung == Rung::kWgmmaPacked) {
+    if (args.k < 1) return Support::No("k == 0 leaves no operand tile for TMA");
+    if (args.batch > 65535 || CeilDiv(std::max(args.m, args.n), 32) > 65535)
+      return Support::No("wgmma_packed copies at most 65535 batch entries and 2^21 rows");
+    return Support::Yes();
+  }
   return CheckTma(args);
 }
 
 size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
-  if (variant != kRungNames[static_cast<int>(Rung::kWgmmaSplitK)]) return 0;
+  const bool split = variant == kRungNames[static_cast<int>(Rung::kWgmmaSplitK)];
+  const bool packed = variant == kRungNames[static_cast<int>(Rung::kWgmmaPacked)];
+  if (!split && !packed) return 0;
   if (!CanImplementGemmTc(args, variant) || args.m == 0 || args.n == 0 || args.batch == 0) return 0;
-  return SplitWorkspaceBytes(args, PlanSplitK(args));
+  const size_t partials = SplitWorkspaceBytes(args, PlanSplitK(args));
+  if (split) return partials;
+  return PackedBytes(args, OperandA(args), args.m) + PackedBytes(args, OperandB(args), args.n) +
+         partials;
 }
 
 cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,
                          cudaStream_t stream) {
-  // wgmma_splitk without its workspace runs as one range (wgmma_persistent).
+  // wgmma_splitk without its workspace runs as one range (wgmma_persistent);
+  // wgmma_packed needs its workspace when it copies an operand.
   if (!CanImplementGemmTc(args, variant)) return cudaErrorInvalidValue;
   if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;
   Rung rung = Rung::kMmaSync;

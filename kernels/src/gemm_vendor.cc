@@ -178,6 +178,15 @@ void Build(const Key& key, cublasLtHandle_t handle, Plan* plan) {
   for (int i = 0; i < 4 && ok; ++i)
     ok = cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &align[i], sizeof(uint32_t)) ==
          CUBLAS_STATUS_SUCCESS;
+  // Split-K partial sums kept and added in fp32, never rounded to a 16-bit
+  // output type first ("in place" reductions accumulate in the output
+  // type too): the result's accuracy must not depend on the algorithm the
+  // heuristic picks.
+  const uint32_t reductions = ct == DType::kF32 ? uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK)
+                                                : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &reductions,
+                                                  sizeof(reductions)) == CUBLAS_STATUS_SUCCESS;
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (ok &&

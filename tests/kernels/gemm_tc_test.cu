@@ -4,6 +4,7 @@
 // with NaN before each launch (beta == 0 must not read it), and the padding
 // between rows of C must stay untouched.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -260,11 +261,17 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
 }
 
 std::vector<Case> AllCases() {
-  const std::vector<std::string> variants = {"mma_sync",      "wgmma_tma",
-                                             "wgmma_ws",      "wgmma_persistent",
-                                             "wgmma_cluster", "wgmma_cluster_persistent",
-                                             "wgmma_splitk",  "ladder",
-                                             "cublaslt",      ""};
+  const std::vector<std::string> variants = {"mma_sync",
+                                             "wgmma_tma",
+                                             "wgmma_ws",
+                                             "wgmma_persistent",
+                                             "wgmma_cluster",
+                                             "wgmma_cluster_persistent",
+                                             "wgmma_splitk",
+                                             "wgmma_packed",
+                                             "ladder",
+                                             "cublaslt",
+                                             ""};
   const std::vector<std::pair<DType, DType>> types = {{DType::kBF16, DType::kBF16},
                                                       {DType::kBF16, DType::kF32},
                                                       {DType::kF16, DType::kF16},
@@ -335,16 +342,19 @@ std::vector<Case> AllCases() {
           c.variant = v;
           all.push_back(c);
         }
-  // The issue's large odd shape: the fallback rung on TMA-hostile sizes.
-  for (const auto& [ab, ct] : types)
-    for (int tb = 0; tb < 2; ++tb)
-      for (const std::string v : {"mma_sync", "cublaslt", ""}) {
-        Case c{v, 4097, 4095, 4099};
-        c.ab = ab;
-        c.c = ct;
-        c.tb = tb;
-        all.push_back(c);
-      }
+  // Large odd shapes (leading dimensions TMA cannot take): the fallback rung,
+  // the vendor, wgmma_packed's copies, and the default (which picks the
+  // copies there).
+  for (const auto& [m, n, k] : {std::array<int64_t, 3>{4097, 4095, 4099}, {6001, 3001, 5003}})
+    for (const auto& [ab, ct] : types)
+      for (int tb = 0; tb < 2; ++tb)
+        for (const std::string v : {"mma_sync", "cublaslt", "wgmma_packed", ""}) {
+          Case c{v, m, n, k};
+          c.ab = ab;
+          c.c = ct;
+          c.tb = tb;
+          all.push_back(c);
+        }
   return all;
 }
 
@@ -368,7 +378,7 @@ GemmArgs SmallArgs() {
 TEST(GemmTcApi, ListsEveryRung) {
   const auto& v = kernels::GemmTcVariants();
   for (const char* name : {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
-                           "wgmma_cluster_persistent", "wgmma_splitk"})
+                           "wgmma_cluster_persistent", "wgmma_splitk", "wgmma_packed"})
     EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
 }
 

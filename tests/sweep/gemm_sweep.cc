@@ -60,8 +60,8 @@ struct Options {
 // rungs of the SIMT ladder (naive .. swizzle) and the one-warpgroup wgmma_tma
 // are left out: they lose everywhere (gemm_simt.md, gemm_tc.md).
 const std::vector<std::string> kTcVariants = {
-    "mma_sync", "wgmma_ws", "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent",
-    "wgmma_splitk", "cublaslt"};
+    "mma_sync",     "wgmma_ws",     "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent",
+    "wgmma_splitk", "wgmma_packed", "cublaslt"};
 const std::vector<std::string> kSimtVariants = {"warptile", "splitk", "cublaslt"};
 
 struct Case {

@@ -231,6 +231,18 @@ double Vendor::TimeGemm(const void* a, const void* b, void* c, int64_t m, int64_
                ldb, stride_b, a, CudaType(ab), lda, stride_a, &beta, c, CudaType(c_type), int(n),
                m * n, int(batch), compute, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
   };
+  // Split-K partial sums in fp32 (as the server's cuBLASLt fallback asks):
+  // by default cuBLAS may round them to a 16-bit output type first, and the
+  // reference would then be the less accurate of the two.
+  struct MathMode {
+    cublasHandle_t h;
+    cublasMath_t saved = CUBLAS_DEFAULT_MATH;
+    explicit MathMode(cublasHandle_t handle) : h(handle) {
+      cublasGetMathMode(h, &saved);
+      cublasSetMathMode(h, cublasMath_t(saved | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    }
+    ~MathMode() { cublasSetMathMode(h, saved); }
+  } mode(impl_->blas);
   if (beta == 0) return impl_->Time(call);
   // beta's addend, restored before every call outside the timing.
   void* c0 = nullptr;
