@@ -17,6 +17,8 @@
 // fallback "cublaslt" too. The vendor is cublasGemmStridedBatchedEx (the call
 // torch.matmul makes), timed the same way in the same process. Every default
 // result is checked against the vendor's.
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -34,9 +36,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/device/cuda/backend.h"
 #include "server/engine/engine.h"
-#include "tests/sweep/device_timer.h"
+#include "tests/sweep/sweep_harness.h"
 #include "tests/sweep/sweep_vendor.h"
 
 namespace gpucompute::sweep {
@@ -48,13 +49,7 @@ using D = gpucompute::DType;
 KDType K(D t) { return static_cast<KDType>(static_cast<int>(t)); }
 const char* Name(D t) { return t == D::kFloat32 ? "f32" : (t == D::kFloat16 ? "f16" : "bf16"); }
 
-struct Options {
-  std::string json = "sweep-gemm.json";
-  std::string filter;
-  int reps = 10;
-  int warmup = 2;
-  bool variants = true;
-};
+using Options = SweepOptions;
 
 // Every version of ours a case may run, and the vendor fallback. The slow
 // rungs of the SIMT ladder (naive .. swizzle) and the one-warpgroup wgmma_tma
@@ -110,47 +105,10 @@ class Sweep {
     call_.owner = "sweep";
   }
 
-  struct Timed {
-    double seconds = -1, span = -1;
-    std::string variant;
-    std::shared_ptr<ResidentTensor> output;
-    absl::Status status;
-  };
-
-  // One request `warmup + reps` times (fewer for long ones): the median
+  // One request warmup + reps times (3 after 1 past 20 ms): the median
   // device busy time, the variant that ran, the last result.
   Timed Time(const std::function<absl::StatusOr<OpResult>()>& run) {
-    Timed t;
-    std::vector<double> s, spans;
-    DeviceTimer& timer = DeviceTimer::Get();
-    int warmup = options_.warmup, reps = options_.reps;
-    for (int i = 0; i < warmup + reps; ++i) {
-      timer.Begin();
-      absl::StatusOr<OpResult> r = run();
-      double span = -1;
-      const double busy = timer.End(&span);
-      if (!r.ok()) {
-        t.status = r.status();
-        return t;
-      }
-      if (i == 0 && busy > 20e-3) {  // long: 1 warm-up, 3 timed
-        warmup = 1;
-        reps = 3;
-      }
-      std::vector<std::string> names;
-      for (const ShardTiming& shard : r->shards) names.push_back(shard.run.variant);
-      if (i >= warmup) {
-        s.push_back(busy);
-        spans.push_back(span);
-      }
-      t.variant = absl::StrJoin(names, "+");
-      t.output = r->kept_output;
-    }
-    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
-    t.seconds = s[s.size() / 2];
-    std::nth_element(spans.begin(), spans.begin() + spans.size() / 2, spans.end());
-    t.span = spans[spans.size() / 2];
-    return t;
+    return TimeRequest(run, options_.warmup, options_.reps, 20e-3);
   }
 
   void Gemm(const Case& c) {
@@ -212,7 +170,7 @@ class Sweep {
     const bool vendor_runs = c.beta == 0 || c.dtype == c.out;
     if (vendor_runs && (c.dtype != D::kFloat32 || c.out == D::kFloat32)) {
       if (c.beta != 0) {
-        SWEEP_COPY(ref.get(), cin->get(), size_t(c.batch * c.m * c.n) * eo);
+        CopyOnDevice(ref.get(), cin->get(), size_t(c.batch * c.m * c.n) * eo);
       } else {
         Poison(ref.get(), c.batch * c.m * c.n, K(c.out));
       }
@@ -253,24 +211,11 @@ class Sweep {
   void set_command(std::string command) { command_ = std::move(command); }
 
   void Write() const {
-    FILE* f = std::fopen(options_.json.c_str(), "w");
-    if (f == nullptr) {
-      std::perror(options_.json.c_str());
-      return;
-    }
-    const std::time_t now = std::time(nullptr);
-    char date[64];
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"command\": \"%s\", \"reps\": %d,\n",
-                 DescribeGpu().c_str(), date, command_.c_str(), options_.reps);
-    std::fprintf(f, " \"rows\": [\n");
+    FILE* f = OpenResults(options_, command_);
+    if (f == nullptr) return;
     for (size_t i = 0; i < rows_.size(); ++i) {
       const Row& r = rows_[i];
-      std::string forced;
-      for (const auto& [name, s] : r.forced) {
-        if (!forced.empty()) forced += ", ";
-        forced += absl::StrCat("\"", name, "\": ", s);
-      }
+      const std::string forced = ForcedJson(r.forced);
       std::fprintf(
           f,
           "  {\"class\": \"%s\", \"shape\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
@@ -337,26 +282,18 @@ class Sweep {
   }
 
  private:
-  static void SWEEP_COPY(void* dst, const void* src, size_t bytes) {
+  static void CopyOnDevice(void* dst, const void* src, size_t bytes) {
     if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) std::exit(1);
   }
   static TensorView View(D dt, std::vector<int64_t> shape, const void* data) {
-    TensorView v;
-    v.dtype = dt;
-    v.shape = std::move(shape);
-    v.data = data;
-    v.device = 0;
-    return v;
+    return ResidentView(dt, std::move(shape), data);
   }
-  uint64_t Seed() {
-    return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^ (++seq_ << 32);
-  }
+  static uint64_t Seed() { return NextSeed(); }
 
   Options options_;
   std::unique_ptr<Engine> engine_;
   Vendor vendor_;
   CallContext call_;
-  uint64_t seq_ = 0;
   std::vector<Row> rows_;
   std::string command_;
 };
@@ -463,48 +400,22 @@ void RunAll(Sweep& s) {
 
 int main(int argc, char** argv) {
   using namespace gpucompute;
-  sweep::Options options;
-  std::string command = "gc_sweep_gemm";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    command += " " + arg;
-    auto value = [&](const char* flag) -> std::optional<std::string> {
-      const std::string prefix = std::string(flag) + "=";
-      if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
-      return std::nullopt;
-    };
-    if (auto v = value("--json"))
-      options.json = *v;
-    else if (auto v = value("--filter"))
-      options.filter = *v;
-    else if (auto v = value("--reps"))
-      options.reps = std::max(1, std::atoi(v->c_str()));
-    else if (auto v = value("--warmup"))
-      options.warmup = std::max(0, std::atoi(v->c_str()));
-    else if (arg == "--no-variants")
-      options.variants = false;
-    else if (arg == "--help") {
-      std::printf(
-          "gc_sweep_gemm [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] "
-          "[--no-variants]\n"
+  sweep::SweepOptions options;
+  options.json = "sweep-gemm.json";
+  options.reps = 10;
+  options.warmup = 2;
+  std::string command;
+  if (std::optional<int> done = sweep::ParseSweepFlags(
+          argc, argv, "gc_sweep_gemm",
           "  GEMM through the server's default path on GPU 0, every version of ours and the\n"
           "  cuBLASLt fallback forced too, against cublasGemmStridedBatchedEx in the same run.\n"
           "  --filter keeps the cases whose \"class shape dtype->out\" contains SUBSTR;\n"
           "  --no-variants times the default only. tests/sweep/gemm_table.py writes the\n"
-          "  markdown table.\n");
-      return 0;
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
-      return 2;
-    }
-  }
-  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
-      cuda::CreateCudaDevices({0}, {1.0}, cuda::CudaDeviceOptions{});
-  if (!devices.ok()) {
-    std::fprintf(stderr, "no GPU: %s\n", devices.status().ToString().c_str());
-    return 1;
-  }
-  auto engine = std::make_unique<Engine>("cuda", std::move(*devices));
+          "  markdown table.\n",
+          &options, &command))
+    return *done;
+  std::unique_ptr<Engine> engine = sweep::MakeGpuEngine();
+  if (engine == nullptr) return 1;
   sweep::Sweep s(options, std::move(engine));
   s.set_command(command);
   sweep::RunAll(s);

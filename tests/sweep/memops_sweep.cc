@@ -40,9 +40,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/device/cuda/backend.h"
 #include "server/engine/engine.h"
-#include "tests/sweep/device_timer.h"
+#include "tests/sweep/sweep_harness.h"
 #include "tests/sweep/sweep_vendor.h"
 
 namespace gpucompute::sweep {
@@ -59,13 +58,7 @@ double Eps(gpucompute::DType t) {
   return t == gpucompute::DType::kFloat32 ? 2e-6 : (t == gpucompute::DType::kFloat16 ? 1e-3 : 8e-3);
 }
 
-struct Options {
-  std::string json = "sweep-memops.json";
-  std::string filter;
-  int reps = 20;
-  int warmup = 3;
-  bool variants = true;
-};
+using Options = SweepOptions;
 
 // One row of the results.
 struct Row {
@@ -102,43 +95,10 @@ class Sweep {
     call_.owner = "sweep";
   }
 
-  // Runs `run` (one request; returns its result) warmup + reps times; the
-  // median of the device spans, the variant that ran, and the last
-  // result (kept for checks).
-  struct Timed {
-    double seconds = -1;  // device busy time (CUPTI)
-    double span = -1;     // device span (CUPTI)
-    std::string variant;
-    std::shared_ptr<ResidentTensor> output;
-    absl::Status status;
-  };
+  // One request warmup + reps times: the median device busy time, the
+  // variant that ran and the last result (kept for checks).
   Timed Time(const std::function<absl::StatusOr<OpResult>()>& run) {
-    Timed t;
-    std::vector<double> s, spans;
-    DeviceTimer& timer = DeviceTimer::Get();
-    for (int i = 0; i < options_.warmup + options_.reps; ++i) {
-      timer.Begin();
-      absl::StatusOr<OpResult> r = run();
-      double span = -1;
-      const double busy = timer.End(&span);
-      if (!r.ok()) {
-        t.status = r.status();
-        return t;
-      }
-      std::vector<std::string> names;
-      for (const ShardTiming& shard : r->shards) names.push_back(shard.run.variant);
-      if (i >= options_.warmup) {
-        s.push_back(busy);
-        spans.push_back(span);
-      }
-      t.variant = absl::StrJoin(names, "+");
-      t.output = r->kept_output;
-    }
-    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
-    t.seconds = s[s.size() / 2];
-    std::nth_element(spans.begin(), spans.begin() + spans.size() / 2, spans.end());
-    t.span = spans[spans.size() / 2];
-    return t;
+    return TimeRequest(run, options_.warmup, options_.reps);
   }
 
   // The row of a case; false when --filter leaves the case out.
@@ -272,24 +232,11 @@ class Sweep {
   }
 
   void Write(const std::string& command) const {
-    FILE* f = std::fopen(options_.json.c_str(), "w");
-    if (f == nullptr) {
-      std::perror(options_.json.c_str());
-      return;
-    }
-    const std::time_t now = std::time(nullptr);
-    char date[64];
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"command\": \"%s\", \"reps\": %d,\n",
-                 DescribeGpu().c_str(), date, command.c_str(), options_.reps);
-    std::fprintf(f, " \"rows\": [\n");
+    FILE* f = OpenResults(options_, command);
+    if (f == nullptr) return;
     for (size_t i = 0; i < rows_.size(); ++i) {
       const Row& r = rows_[i];
-      std::string forced;
-      for (const auto& [name, s] : r.forced) {
-        if (!forced.empty()) forced += ", ";
-        forced += absl::StrCat("\"", name, "\": ", s);
-      }
+      const std::string forced = ForcedJson(r.forced);
       std::fprintf(f,
                    "  {\"op\": \"%s\", \"class\": \"%s\", \"shape\": \"%s\", \"dtype\": \"%s\", "
                    "\"bytes\": %.0f, \"variant\": \"%s\", \"ours_s\": %.9g, \"ours_span_s\": %.9g, "
@@ -346,12 +293,7 @@ class Sweep {
 
  private:
   static TensorView View(gpucompute::DType dt, std::vector<int64_t> shape, const void* data) {
-    TensorView v;
-    v.dtype = dt;
-    v.shape = std::move(shape);
-    v.data = data;
-    v.device = 0;
-    return v;
+    return ResidentView(dt, std::move(shape), data);
   }
   static OpOptions Kept(gpucompute::DType dt) {
     OpOptions o;
@@ -359,9 +301,7 @@ class Sweep {
     o.keep_output = true;
     return o;
   }
-  uint64_t Seed() {
-    return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^ (++seq_ << 32);
-  }
+  static uint64_t Seed() { return NextSeed(); }
 
   // The permutation as [b, r, c] -> [b, c, r] after dropping size-1 axes and
   // merging runs that stay together; false when it is not one.
@@ -417,7 +357,6 @@ class Sweep {
   std::unique_ptr<Engine> engine_;
   Vendor vendor_;
   CallContext call_;
-  uint64_t seq_ = 0;
   std::vector<Row> rows_;
 };
 
@@ -511,48 +450,20 @@ void RunAll(Sweep& s) {
 
 int main(int argc, char** argv) {
   using namespace gpucompute;
-  sweep::Options options;
-  std::string command = "gc_sweep_memops";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    command += " " + arg;
-    auto value = [&](const char* flag) -> std::optional<std::string> {
-      const std::string prefix = std::string(flag) + "=";
-      if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
-      return std::nullopt;
-    };
-    if (auto v = value("--json"))
-      options.json = *v;
-    else if (auto v = value("--filter"))
-      options.filter = *v;
-    else if (auto v = value("--reps"))
-      options.reps = std::max(1, std::atoi(v->c_str()));
-    else if (auto v = value("--warmup"))
-      options.warmup = std::max(0, std::atoi(v->c_str()));
-    else if (arg == "--no-variants")
-      options.variants = false;
-    else if (arg == "--help") {
-      std::printf(
-          "gc_sweep_memops [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] "
-          "[--no-variants]\n"
+  sweep::SweepOptions options;
+  options.json = "sweep-memops.json";
+  std::string command;
+  if (std::optional<int> done = sweep::ParseSweepFlags(
+          argc, argv, "gc_sweep_memops",
           "  GEMV, transpose and reduce through the server's default path on GPU 0, every\n"
           "  version forced too, against cuBLAS, CUB and cuBLASLt in the same run.\n"
           "  --filter keeps the cases whose \"op class shape dtype\" contains SUBSTR;\n"
           "  --no-variants times the default only. tests/sweep/torch_vendor.py adds\n"
-          "  PyTorch's times and writes the markdown table.\n");
-      return 0;
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
-      return 2;
-    }
-  }
-  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
-      cuda::CreateCudaDevices({0}, {1.0}, cuda::CudaDeviceOptions{});
-  if (!devices.ok()) {
-    std::fprintf(stderr, "no GPU: %s\n", devices.status().ToString().c_str());
-    return 1;
-  }
-  auto engine = std::make_unique<Engine>("cuda", std::move(*devices));
+          "  PyTorch's times and writes the markdown table.\n",
+          &options, &command))
+    return *done;
+  std::unique_ptr<Engine> engine = sweep::MakeGpuEngine();
+  if (engine == nullptr) return 1;
   sweep::Sweep s(options, std::move(engine));
   sweep::RunAll(s);
   s.Write(command);

@@ -1,0 +1,133 @@
+#include "tests/sweep/sweep_harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/device/cuda/backend.h"
+#include "tests/sweep/device_timer.h"
+#include "tests/sweep/sweep_vendor.h"
+
+namespace gpucompute::sweep {
+
+std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, const char* help,
+                                   SweepOptions* options, std::string* command) {
+  *command = name;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    *command += " " + arg;
+    auto value = [&](const char* flag) -> std::optional<std::string> {
+      const std::string prefix = std::string(flag) + "=";
+      if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
+      return std::nullopt;
+    };
+    if (auto v = value("--json")) {
+      options->json = *v;
+    } else if (auto v = value("--filter")) {
+      options->filter = *v;
+    } else if (auto v = value("--reps")) {
+      options->reps = std::max(1, std::atoi(v->c_str()));
+    } else if (auto v = value("--warmup")) {
+      options->warmup = std::max(0, std::atoi(v->c_str()));
+    } else if (arg == "--no-variants") {
+      options->variants = false;
+    } else if (arg == "--help") {
+      std::printf("%s [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] [--no-variants]\n%s",
+                  name, help);
+      return 0;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  return std::nullopt;
+}
+
+Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
+                  double long_seconds) {
+  Timed t;
+  std::vector<double> s, spans;
+  DeviceTimer& timer = DeviceTimer::Get();
+  for (int i = 0; i < warmup + reps; ++i) {
+    timer.Begin();
+    absl::StatusOr<OpResult> r = run();
+    double span = -1;
+    const double busy = timer.End(&span);
+    if (!r.ok()) {
+      t.status = r.status();
+      return t;
+    }
+    if (i == 0 && long_seconds > 0 && busy > long_seconds) {  // long: 1 warm-up, 3 timed
+      warmup = 1;
+      reps = 3;
+    }
+    std::vector<std::string> names;
+    for (const ShardTiming& shard : r->shards) names.push_back(shard.run.variant);
+    if (i >= warmup) {
+      s.push_back(busy);
+      spans.push_back(span);
+    }
+    t.variant = absl::StrJoin(names, "+");
+    t.output = r->kept_output;
+  }
+  if (s.empty()) return t;
+  std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+  t.seconds = s[s.size() / 2];
+  std::nth_element(spans.begin(), spans.begin() + spans.size() / 2, spans.end());
+  t.span = spans[spans.size() / 2];
+  return t;
+}
+
+TensorView ResidentView(gpucompute::DType dtype, std::vector<int64_t> shape, const void* data) {
+  TensorView v;
+  v.dtype = dtype;
+  v.shape = std::move(shape);
+  v.data = data;
+  v.device = 0;
+  return v;
+}
+
+FILE* OpenResults(const SweepOptions& options, const std::string& command) {
+  FILE* f = std::fopen(options.json.c_str(), "w");
+  if (f == nullptr) {
+    std::perror(options.json.c_str());
+    return nullptr;
+  }
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"command\": \"%s\", \"reps\": %d,\n",
+               DescribeGpu().c_str(), date, command.c_str(), options.reps);
+  std::fprintf(f, " \"rows\": [\n");
+  return f;
+}
+
+std::string ForcedJson(const std::map<std::string, double>& forced) {
+  std::string out;
+  for (const auto& [name, s] : forced) {
+    if (!out.empty()) out += ", ";
+    out += absl::StrCat("\"", name, "\": ", s);
+  }
+  return out;
+}
+
+uint64_t NextSeed() {
+  static uint64_t seq = 0;
+  return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^ (++seq << 32);
+}
+
+std::unique_ptr<Engine> MakeGpuEngine() {
+  absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
+      cuda::CreateCudaDevices({0}, {1.0}, cuda::CudaDeviceOptions{});
+  if (!devices.ok()) {
+    std::fprintf(stderr, "no GPU: %s\n", devices.status().ToString().c_str());
+    return nullptr;
+  }
+  return std::make_unique<Engine>("cuda", std::move(*devices));
+}
+
+}  // namespace gpucompute::sweep

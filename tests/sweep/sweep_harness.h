@@ -1,0 +1,70 @@
+// What the server-path sweeps share: their flags, the timing of one request
+// through the Engine (device busy time from CUPTI, median of many), resident
+// views of device arrays, fresh seeds, and the engine over GPU 0.
+#ifndef GPUCOMPUTE_TESTS_SWEEP_SWEEP_HARNESS_H_
+#define GPUCOMPUTE_TESTS_SWEEP_SWEEP_HARNESS_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/engine/engine.h"
+
+namespace gpucompute::sweep {
+
+struct SweepOptions {
+  std::string json;
+  std::string filter;
+  int reps = 20;
+  int warmup = 3;
+  bool variants = true;
+};
+
+// Parses --json, --filter, --reps, --warmup, --no-variants and --help into
+// `options` (which holds the defaults) and the command line into `*command`
+// (`name` and the arguments). Returns the exit status when main should stop
+// (after --help: 0; an unknown argument: 2), nullopt to go on.
+std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, const char* help,
+                                   SweepOptions* options, std::string* command);
+
+// One request as the sweeps time it.
+struct Timed {
+  double seconds = -1;                     // device busy time (CUPTI), median of the timed runs
+  double span = -1;                        // the activities' span, median
+  std::string variant;                     // what ran, the shards' names joined by '+'
+  std::shared_ptr<ResidentTensor> output;  // the last run's kept result
+  absl::Status status;
+};
+
+// Runs `run` warmup + reps times and times it. With long_seconds > 0, a
+// first run longer than that cuts the runs to 1 + 3.
+Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
+                  double long_seconds = 0);
+
+// A view of `data`, device memory of GPU 0, as the engine takes operands.
+TensorView ResidentView(gpucompute::DType dtype, std::vector<int64_t> shape, const void* data);
+
+// Opens options.json for writing and writes the results' header (GPU, date,
+// command, reps) up to the opening of "rows": [; null (reported on stderr)
+// when it cannot be opened. The caller writes the rows, then " ]}".
+FILE* OpenResults(const SweepOptions& options, const std::string& command);
+
+// {"name": seconds, ...} of the forced versions' times, as JSON members.
+std::string ForcedJson(const std::map<std::string, double>& forced);
+
+// A seed no earlier call returned.
+uint64_t NextSeed();
+
+// The engine over GPU 0; null (with the reason on stderr) without a GPU.
+std::unique_ptr<Engine> MakeGpuEngine();
+
+}  // namespace gpucompute::sweep
+
+#endif  // GPUCOMPUTE_TESTS_SWEEP_SWEEP_HARNESS_H_
