@@ -422,6 +422,11 @@ ComputeService::ComputeService(Engine* engine, Admission* admission, WorkerPool*
   ServeAsStream<v1::TransposeRequest, v1::TransposeResponse>("Transpose");
   ServeAsStream<v1::AttentionRequest, v1::AttentionResponse>("Attention");
   ServeAsStream<v1::EchoRequest, v1::EchoResponse>("Echo");
+  ServeUnary<v1::ServerInfoRequest, v1::ServerInfoResponse>("GetServerInfo",
+                                                            &ComputeService::GetServerInfoBody);
+  ServeUnary<v1::FreeRequest, v1::FreeResponse>("Free", &ComputeService::FreeBody);
+  ServeUnary<v1::ListTensorsRequest, v1::ListTensorsResponse>("ListTensors",
+                                                              &ComputeService::ListTensorsBody);
   MarkMethodRawCallback(
       MethodIndex("Batch"),
       new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
@@ -443,6 +448,32 @@ void ComputeService::ServeAsStream(absl::string_view method) {
   const int index = MethodIndex(method);
   MarkMethodRawCallback(index, handler());
   MarkMethodStreamed(index, handler());
+}
+
+template <typename Request, typename Response>
+void ComputeService::ServeUnary(absl::string_view method, UnaryBody<Request, Response> body) {
+  MarkMethodRawCallback(
+      MethodIndex(method),
+      new grpc::internal::CallbackUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+          [this, method, body](grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw,
+                               grpc::ByteBuffer* answer) {
+            const absl::Time accepted = absl::Now();
+            metrics_->RequestStarted();
+            Request request;
+            Response response;
+            // A call that ended without a message leaves no buffer (an empty
+            // message is an empty one).
+            absl::Status status =
+                raw->Valid()
+                    ? Decode(*raw, &request)
+                    : absl::InvalidArgumentError("the call ended without a request message");
+            if (status.ok()) status = (this->*body)(*context, request, &response);
+            if (status.ok()) *answer = wire::Serialize(response);
+            metrics_->RequestFinished(method, status.code(), SecondsSince(accepted));
+            grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+            reactor->Finish(ToGrpcStatus(status));
+            return reactor;
+          }));
 }
 
 ComputeService::~ComputeService() {
@@ -679,11 +710,9 @@ absl::Status ComputeService::CheckAccepting(absl::string_view method) {
   return status;
 }
 
-grpc::ServerUnaryReactor* ComputeService::GetServerInfo(grpc::CallbackServerContext* context,
-                                                        const v1::ServerInfoRequest* request,
-                                                        v1::ServerInfoResponse* response) {
-  const absl::Time accepted = absl::Now();
-  metrics_->RequestStarted();
+absl::Status ComputeService::GetServerInfoBody(grpc::CallbackServerContext& context,
+                                               const v1::ServerInfoRequest& request,
+                                               v1::ServerInfoResponse* response) {
   response->set_version(GPUCOMPUTE_VERSION);
   response->set_backend(engine_->backend());
   for (int i = 0; i < engine_->num_devices(); ++i) {
@@ -700,41 +729,27 @@ grpc::ServerUnaryReactor* ComputeService::GetServerInfo(grpc::CallbackServerCont
   response->set_max_message_bytes(options_.max_message_bytes);
   response->set_max_inflight_bytes(admission_->limit());
   metrics_->AddSentBytes(static_cast<int64_t>(response->ByteSizeLong()));
-  metrics_->RequestFinished("GetServerInfo", absl::StatusCode::kOk, SecondsSince(accepted));
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* ComputeService::Free(grpc::CallbackServerContext* context,
-                                               const v1::FreeRequest* request,
-                                               v1::FreeResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Time accepted = absl::Now();
-  metrics_->RequestStarted();
-  std::vector<std::string> handles(request->handles().begin(), request->handles().end());
-  absl::StatusOr<int64_t> freed = engine_->store().Free(OwnerOf(*context), handles);
-  if (freed.ok()) response->set_freed_bytes(*freed);
-  metrics_->RequestFinished("Free", freed.status().code(), SecondsSince(accepted));
-  reactor->Finish(ToGrpcStatus(freed.status()));
-  return reactor;
+absl::Status ComputeService::FreeBody(grpc::CallbackServerContext& context,
+                                      const v1::FreeRequest& request, v1::FreeResponse* response) {
+  std::vector<std::string> handles(request.handles().begin(), request.handles().end());
+  ASSIGN_OR_RETURN(const int64_t freed, engine_->store().Free(OwnerOf(context), handles));
+  response->set_freed_bytes(freed);
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* ComputeService::ListTensors(grpc::CallbackServerContext* context,
-                                                      const v1::ListTensorsRequest* request,
-                                                      v1::ListTensorsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Time accepted = absl::Now();
-  metrics_->RequestStarted();
+absl::Status ComputeService::ListTensorsBody(grpc::CallbackServerContext& context,
+                                             const v1::ListTensorsRequest& request,
+                                             v1::ListTensorsResponse* response) {
   int64_t used = 0;
-  for (const ResidentInfo& info : engine_->store().List(OwnerOf(*context), &used)) {
+  for (const ResidentInfo& info : engine_->store().List(OwnerOf(context), &used)) {
     ToProto(info, response->add_tensors());
   }
   response->set_used_bytes(used);
   response->set_quota_bytes(engine_->store().options().quota_bytes);
-  metrics_->RequestFinished("ListTensors", absl::StatusCode::kOk, SecondsSince(accepted));
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return absl::OkStatus();
 }
 
 absl::Status ComputeService::ExecuteBatchItem(const v1::BatchRequest& item, const Call& call,

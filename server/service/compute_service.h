@@ -68,7 +68,12 @@ struct ServiceOptions {
 // Upload and Download are served raw: their chunks' bytes go between gRPC's
 // slices and the tensor without protobuf copying them (proto/wire.h). The
 // constructor makes Batch raw too (an item stays in gRPC's slices until
-// admitted) and replaces the unary operations and Echo by raw streams.
+// admitted), replaces the unary operations and Echo by raw streams, and
+// serves GetServerInfo, Free and ListTensors raw (ServeUnary). So every
+// request is decoded here: one that is not a valid message is answered
+// INVALID_ARGUMENT naming it, and counted under its method, where gRPC's
+// own decoding would answer UNIMPLEMENTED with no message before any
+// handler ran.
 using ComputeServiceBase = v1::Compute::WithRawCallbackMethod_Upload<
     v1::Compute::WithRawCallbackMethod_Download<v1::Compute::CallbackService>>;
 
@@ -99,9 +104,6 @@ class ComputeService final : public ComputeServiceBase {
     on_no_healthy_device_ = std::move(callback);
   }
 
-  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const v1::ServerInfoRequest* request,
-                                          v1::ServerInfoResponse* response) override;
   // Resident tensors (transfer.cc holds the streams).
   // Upload: UploadRequest messages in, an UploadResponse out.
   grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(grpc::CallbackServerContext* context,
@@ -109,12 +111,6 @@ class ComputeService final : public ComputeServiceBase {
   // Download: a DownloadRequest in, DownloadResponse messages out.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
-  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
-                                 const v1::FreeRequest* request,
-                                 v1::FreeResponse* response) override;
-  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* context,
-                                        const v1::ListTensorsRequest* request,
-                                        v1::ListTensorsResponse* response) override;
 
   // The owner of a call's resident tensors: the client's identity (its
   // bearer token's, else its TLS client certificate's: CallIdentity in
@@ -205,6 +201,28 @@ class ComputeService final : public ComputeServiceBase {
   // raw stream, each call an OpCall<Request, Response>.
   template <typename Request, typename Response>
   void ServeAsStream(absl::string_view method);
+
+  // The body of a small unary method: fills `response` from `request`, or
+  // returns the error the call ends with.
+  template <typename Request, typename Response>
+  using UnaryBody = absl::Status (ComputeService::*)(grpc::CallbackServerContext& context,
+                                                     const Request& request, Response* response);
+  // Serves `method` of the Compute service raw, on gRPC's thread: decodes
+  // the request (INVALID_ARGUMENT naming it when it is not a valid
+  // `Request`, or when the call carried none), runs `body`, encodes its
+  // response and counts the call under `method`.
+  template <typename Request, typename Response>
+  void ServeUnary(absl::string_view method, UnaryBody<Request, Response> body);
+
+  // GetServerInfo, Free and ListTensors (ServeUnary's bodies).
+  absl::Status GetServerInfoBody(grpc::CallbackServerContext& context,
+                                 const v1::ServerInfoRequest& request,
+                                 v1::ServerInfoResponse* response);
+  absl::Status FreeBody(grpc::CallbackServerContext& context, const v1::FreeRequest& request,
+                        v1::FreeResponse* response);
+  absl::Status ListTensorsBody(grpc::CallbackServerContext& context,
+                               const v1::ListTensorsRequest& request,
+                               v1::ListTensorsResponse* response);
 
   // What an operation holds while it is served: its admission and the
   // request as it was received.
