@@ -249,17 +249,24 @@ class ComputeService::OpCall final
         });
   }
 
-  // Waits for `bytes` of admission, then reads the request.
-  void Reserve(int64_t bytes) {
+  // Waits for `bytes` of admission, holds it, then calls `then` (fails the
+  // call instead when admission is refused).
+  template <typename Then>
+  void AdmitThen(int64_t bytes, Then then) {
     service_->WhenAdmitted(*service_->admission_, bytes, call_,
-                           [this](absl::StatusOr<Admission::Ticket> ticket) {
+                           [this, then](absl::StatusOr<Admission::Ticket> ticket) mutable {
                              if (!ticket.ok()) {
                                Fail(ticket.status());
                                return;
                              }
                              holding_.ticket = *std::move(ticket);
-                             StartRead(&holding_.raw);
+                             then();
                            });
+  }
+
+  // Waits for `bytes` of admission, then reads the request.
+  void Reserve(int64_t bytes) {
+    AdmitThen(bytes, [this] { StartRead(&holding_.raw); });
   }
 
   // The request is in: waits for more admission when it outgrew what was
@@ -283,17 +290,7 @@ class ComputeService::OpCall final
   // bytes, and receive_slot_ for them), then continues.
   void Readmit(int64_t bytes) {
     holding_.ticket = Admission::Ticket();
-    HoldSlotThen([this, bytes] {
-      service_->WhenAdmitted(*service_->admission_, bytes, call_,
-                             [this](absl::StatusOr<Admission::Ticket> ticket) {
-                               if (!ticket.ok()) {
-                                 Fail(ticket.status());
-                                 return;
-                               }
-                               holding_.ticket = *std::move(ticket);
-                               Continue();
-                             });
-    });
+    HoldSlotThen([this, bytes] { AdmitThen(bytes, [this] { Continue(); }); });
   }
 
   // Decodes and runs the request, on the calling thread.

@@ -169,23 +169,6 @@ class Stream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::Byte
   absl::Notification done_;
 };
 
-// Sum of the samples of `name` whose labels include every `labels` pair.
-double Sum(const std::string& text, const std::string& name,
-           const std::vector<std::string>& labels) {
-  double total = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t end = line.find_first_of("{ ");
-    if (end == absl::string_view::npos || line.substr(0, end) != name) continue;
-    bool match = true;
-    for (const std::string& l : labels) match = match && absl::StrContains(line, l);
-    if (!match) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) total += value;
-  }
-  return total;
-}
-
 // One server for a suite, called through a generic stub.
 class MalformedBase : public ::testing::Test {
  protected:
@@ -209,8 +192,8 @@ class MalformedBase : public ::testing::Test {
     absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
     EXPECT_TRUE(text.ok()) << text.status();
     if (!text.ok()) return -1;
-    return Sum(*text, "gpucompute_requests_total",
-               {absl::StrCat("method=\"", method, "\""), "code=\"INVALID_ARGUMENT\""});
+    return MetricSum(*text, "gpucompute_requests_total",
+                     {absl::StrCat("method=\"", method, "\""), "code=\"INVALID_ARGUMENT\""});
   }
 
   // Waits up to 10 s for Invalid(method) to reach `expected` (a stream is
@@ -333,16 +316,16 @@ TEST(MalformedServerTest, KeepsServingAndHoldsNothing) {
 
   auto metrics = HttpGet((*server)->metrics_port(), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
-  EXPECT_EQ(Sum(*metrics, "gpucompute_requests_total", {"code=\"UNIMPLEMENTED\""}), 0);
-  EXPECT_EQ(Sum(*metrics, "gpucompute_requests_total", {"code=\"INTERNAL\""}), 0);
+  EXPECT_EQ(MetricSum(*metrics, "gpucompute_requests_total", {"code=\"UNIMPLEMENTED\""}), 0);
+  EXPECT_EQ(MetricSum(*metrics, "gpucompute_requests_total", {"code=\"INTERNAL\""}), 0);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   double inflight = -1;
   while (absl::Now() < deadline) {
     metrics = HttpGet((*server)->metrics_port(), "/metrics");
     ASSERT_TRUE(metrics.ok()) << metrics.status();
-    inflight = Sum(*metrics, "gpucompute_inflight_requests", {}) +
-               Sum(*metrics, "gpucompute_inflight_bytes", {}) +
-               Sum(*metrics, "gpucompute_queue_depth", {});
+    inflight = MetricSum(*metrics, "gpucompute_inflight_requests", {}) +
+               MetricSum(*metrics, "gpucompute_inflight_bytes", {}) +
+               MetricSum(*metrics, "gpucompute_queue_depth", {});
     if (inflight == 0) break;
     absl::SleepFor(absl::Milliseconds(20));
   }

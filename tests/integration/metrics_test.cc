@@ -20,24 +20,6 @@
 namespace gpucompute::testing {
 namespace {
 
-// Sum of the samples of `name` whose labels include every `labels` pair
-// (written as `key="value"`).
-double Sum(const std::string& text, const std::string& name,
-           const std::vector<std::string>& labels = {}) {
-  double total = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t end = line.find_first_of("{ ");
-    if (end == absl::string_view::npos || line.substr(0, end) != name) continue;
-    bool match = true;
-    for (const std::string& l : labels) match = match && absl::StrContains(line, l);
-    if (!match) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) total += value;
-  }
-  return total;
-}
-
 TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
   ASSERT_NE(std::string(PromtoolPath()), "")
       << "promtool was not found at configure time (Debian package prometheus)";
@@ -98,41 +80,42 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
   }
   // Every operation that was admitted waited in the queue once (the invalid
   // Gemm and the Echo did not).
-  EXPECT_EQ(Sum(m, "gpucompute_queue_duration_seconds_count"), 15);
-  EXPECT_EQ(Sum(m, "gpucompute_build_info", {"version=\""}), 1);
-  EXPECT_GT(Sum(m, "process_resident_memory_bytes"), 1 << 20);
-  EXPECT_GT(Sum(m, "process_open_fds"), 3);
-  EXPECT_GT(Sum(m, "process_max_fds"), Sum(m, "process_open_fds"));
-  EXPECT_GT(Sum(m, "process_cpu_seconds_total"), 0);
+  EXPECT_EQ(MetricSum(m, "gpucompute_queue_duration_seconds_count"), 15);
+  EXPECT_EQ(MetricSum(m, "gpucompute_build_info", {"version=\""}), 1);
+  EXPECT_GT(MetricSum(m, "process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GT(MetricSum(m, "process_open_fds"), 3);
+  EXPECT_GT(MetricSum(m, "process_max_fds"), MetricSum(m, "process_open_fds"));
+  EXPECT_GT(MetricSum(m, "process_cpu_seconds_total"), 0);
   const double now = absl::ToUnixSeconds(absl::Now());
-  EXPECT_LE(Sum(m, "process_start_time_seconds"), now + 1);
-  EXPECT_GT(Sum(m, "process_start_time_seconds"), now - 300);
+  EXPECT_LE(MetricSum(m, "process_start_time_seconds"), now + 1);
+  EXPECT_GT(MetricSum(m, "process_start_time_seconds"), now - 300);
   EXPECT_TRUE(absl::StrContains(m, "# TYPE gpucompute_request_duration_seconds histogram"));
   EXPECT_TRUE(absl::StrContains(m, "# TYPE gpucompute_kernel_duration_seconds histogram"));
 
-  EXPECT_EQ(Sum(m, "gpucompute_requests_total", {"method=\"Gemm\"", "code=\"OK\""}), 3);
-  EXPECT_EQ(Sum(m, "gpucompute_requests_total", {"method=\"Gemm\"", "code=\"INVALID_ARGUMENT\""}),
-            1);
-  EXPECT_EQ(Sum(m, "gpucompute_requests_total", {"method=\"Echo\"", "code=\"OK\""}), 1);
-  EXPECT_GE(Sum(m, "gpucompute_request_duration_seconds_count", {"method=\"Attention\""}), 3);
+  EXPECT_EQ(MetricSum(m, "gpucompute_requests_total", {"method=\"Gemm\"", "code=\"OK\""}), 3);
+  EXPECT_EQ(
+      MetricSum(m, "gpucompute_requests_total", {"method=\"Gemm\"", "code=\"INVALID_ARGUMENT\""}),
+      1);
+  EXPECT_EQ(MetricSum(m, "gpucompute_requests_total", {"method=\"Echo\"", "code=\"OK\""}), 1);
+  EXPECT_GE(MetricSum(m, "gpucompute_request_duration_seconds_count", {"method=\"Attention\""}), 3);
   for (const char* op : {"gemm", "gemv", "reduce", "transpose", "attention"}) {
     for (const char* dtype : {"float32", "float16", "bfloat16"}) {
       SCOPED_TRACE(absl::StrCat(op, " ", dtype));
       std::vector<std::string> labels = {absl::StrCat("op=\"", op, "\""),
                                          absl::StrCat("dtype=\"", dtype, "\"")};
-      EXPECT_GE(Sum(m, "gpucompute_kernel_duration_seconds_count", labels), 1);
-      EXPECT_GT(Sum(m, "gpucompute_kernel_duration_seconds_sum", labels), 0);
-      EXPECT_GE(Sum(m, "gpucompute_kernel_duration_seconds_bucket",
-                    {labels[0], labels[1], "le=\"+Inf\""}),
+      EXPECT_GE(MetricSum(m, "gpucompute_kernel_duration_seconds_count", labels), 1);
+      EXPECT_GT(MetricSum(m, "gpucompute_kernel_duration_seconds_sum", labels), 0);
+      EXPECT_GE(MetricSum(m, "gpucompute_kernel_duration_seconds_bucket",
+                          {labels[0], labels[1], "le=\"+Inf\""}),
                 1);
     }
   }
-  EXPECT_GT(Sum(m, "gpucompute_received_bytes_total"), 4000);
-  EXPECT_GT(Sum(m, "gpucompute_sent_bytes_total"), 4000);
-  EXPECT_EQ(Sum(m, "gpucompute_inflight_requests"), 0);
+  EXPECT_GT(MetricSum(m, "gpucompute_received_bytes_total"), 4000);
+  EXPECT_GT(MetricSum(m, "gpucompute_sent_bytes_total"), 4000);
+  EXPECT_EQ(MetricSum(m, "gpucompute_inflight_requests"), 0);
   auto info = client->GetServerInfo();
   ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_EQ(Sum(m, "gpucompute_device_info"), info->devices_size());
+  EXPECT_EQ(MetricSum(m, "gpucompute_device_info"), info->devices_size());
 
   // Per-device gauges, refreshed by the scrape, for every device the server
   // lists; the topology as one series per peer pair.
@@ -148,8 +131,8 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
     ASSERT_TRUE(has("gpucompute_device_inflight_shards"));
     ASSERT_TRUE(has("gpucompute_device_inflight_bytes"));
     ASSERT_TRUE(has("gpucompute_device_healthy"));
-    const double used = Sum(m, "gpucompute_device_memory_used_bytes", {label});
-    const double total = Sum(m, "gpucompute_device_memory_total_bytes", {label});
+    const double used = MetricSum(m, "gpucompute_device_memory_used_bytes", {label});
+    const double total = MetricSum(m, "gpucompute_device_memory_total_bytes", {label});
     // GPUs carry the identity the DCGM exporter labels them with.
     const bool identified =
         absl::StrContains(m, absl::StrCat("UUID=\"GPU-")) && absl::StrContains(m, "pci_bus_id=\"");
@@ -162,30 +145,31 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
       EXPECT_LE(used, total);
     }
     EXPECT_GT(total, 0);
-    EXPECT_EQ(Sum(m, "gpucompute_device_inflight_shards", {label}), 0);
-    EXPECT_EQ(Sum(m, "gpucompute_device_inflight_bytes", {label}), 0);
-    EXPECT_EQ(Sum(m, "gpucompute_device_healthy", {label}), 1);
+    EXPECT_EQ(MetricSum(m, "gpucompute_device_inflight_shards", {label}), 0);
+    EXPECT_EQ(MetricSum(m, "gpucompute_device_inflight_bytes", {label}), 0);
+    EXPECT_EQ(MetricSum(m, "gpucompute_device_healthy", {label}), 1);
     for (const char* direction : {"host_to_device", "device_to_host"}) {
       EXPECT_TRUE(absl::StrContains(m, absl::StrCat("gpucompute_transfer_bytes_total{", label,
                                                     ",direction=\"", direction, "\"}")))
           << direction;
     }
     for (int peer : device.peers()) {
-      EXPECT_EQ(
-          Sum(m, "gpucompute_device_peer_access", {label, absl::StrCat("peer=\"", peer, "\"")}), 1)
+      EXPECT_EQ(MetricSum(m, "gpucompute_device_peer_access",
+                          {label, absl::StrCat("peer=\"", peer, "\"")}),
+                1)
           << "peer " << peer;
     }
     peer_pairs += device.peers_size();
   }
-  EXPECT_EQ(Sum(m, "gpucompute_device_peer_access"), peer_pairs);
+  EXPECT_EQ(MetricSum(m, "gpucompute_device_peer_access"), peer_pairs);
   // Copies happen on GPUs only.
   if (info->devices(0).kind() == "cuda") {
-    EXPECT_GT(Sum(m, "gpucompute_transfer_bytes_total", {"direction=\"host_to_device\""}), 0);
-    EXPECT_GT(Sum(m, "gpucompute_transfer_bytes_total", {"direction=\"device_to_host\""}), 0);
-    EXPECT_GT(Sum(m, "gpucompute_transfer_duration_seconds_count"), 0);
+    EXPECT_GT(MetricSum(m, "gpucompute_transfer_bytes_total", {"direction=\"host_to_device\""}), 0);
+    EXPECT_GT(MetricSum(m, "gpucompute_transfer_bytes_total", {"direction=\"device_to_host\""}), 0);
+    EXPECT_GT(MetricSum(m, "gpucompute_transfer_duration_seconds_count"), 0);
   } else {
-    EXPECT_EQ(Sum(m, "gpucompute_transfer_bytes_total"), 0);
-    EXPECT_EQ(Sum(m, "gpucompute_transfer_duration_seconds_count"), 0);
+    EXPECT_EQ(MetricSum(m, "gpucompute_transfer_bytes_total"), 0);
+    EXPECT_EQ(MetricSum(m, "gpucompute_transfer_duration_seconds_count"), 0);
   }
 }
 

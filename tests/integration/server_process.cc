@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -125,8 +126,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   const char* extra = std::getenv("GPUCOMPUTE_TEST_SERVER_ARGS");
   const bool override_devices = extra != nullptr && *extra != '\0';
   for (const std::string& arg : args) {
-    if (override_devices && (absl::StartsWith(arg, "--cpu_devices=") ||
-                             absl::StartsWith(arg, "--device_weights="))) {
+    if (override_devices &&
+        (absl::StartsWith(arg, "--cpu_devices=") || absl::StartsWith(arg, "--device_weights="))) {
       continue;
     }
     argv.push_back(arg);
@@ -253,6 +254,22 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
     return absl::InternalError(absl::StrCat("HTTP answer: ", status_line));
   }
   return response.substr(body + 4);
+}
+
+double MetricSum(const std::string& text, const std::string& name,
+                 const std::vector<std::string>& labels) {
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t end = line.find_first_of("{ ");
+    if (end == absl::string_view::npos || line.substr(0, end) != name) continue;
+    bool match = true;
+    for (const std::string& l : labels) match = match && absl::StrContains(line, l);
+    if (!match) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) total += value;
+  }
+  return total;
 }
 
 }  // namespace gpucompute::testing

@@ -23,9 +23,9 @@ namespace gpucompute::testing {
 // skip then.
 bool DevicesOverridden();
 
-#define GC_SKIP_IF_DEVICES_OVERRIDDEN()                                              \
-  do {                                                                               \
-    if (::gpucompute::testing::DevicesOverridden())                                  \
+#define GC_SKIP_IF_DEVICES_OVERRIDDEN()                                                   \
+  do {                                                                                    \
+    if (::gpucompute::testing::DevicesOverridden())                                       \
       GTEST_SKIP() << "pins its own device topology; GPUCOMPUTE_TEST_SERVER_ARGS is set"; \
   } while (0)
 
@@ -104,6 +104,11 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
 // GET http://127.0.0.1:<port><path> over a plain socket; the body of a 200
 // answer, INTERNAL otherwise.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+// Sum of the samples of metric `name` in Prometheus text `text` whose labels
+// include every `labels` pair (written as `key="value"`).
+double MetricSum(const std::string& text, const std::string& name,
+                 const std::vector<std::string>& labels = {});
 
 }  // namespace gpucompute::testing
 
