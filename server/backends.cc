@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/status_macros.h"
+#include "server/core/ops.h"
 #include "server/device/cpu/cpu_device.h"
 #ifdef GPUCOMPUTE_WITH_CUDA
 #include "server/device/cuda/backend.h"
@@ -13,9 +14,6 @@
 
 namespace gpucompute {
 namespace {
-
-// Head dimensions of the CPU attention.
-const std::vector<int64_t> kCpuHeadDims = {32, 64, 96, 128, 256};
 
 absl::Status CheckWeights(const std::vector<double>& weights, int num_devices) {
   if (weights.empty()) return absl::OkStatus();
@@ -45,7 +43,7 @@ absl::StatusOr<DeviceSet> CreateCpu(const BackendOptions& options) {
   RETURN_IF_ERROR(CheckWeights(options.device_weights, options.cpu_devices));
   DeviceSet set;
   set.backend = "cpu";
-  set.head_dims = kCpuHeadDims;
+  set.head_dims = AttentionHeadDims();
   set.devices = CreateCpuDevices(options.cpu_devices, options.device_weights);
   return set;
 }
@@ -69,9 +67,9 @@ absl::StatusOr<DeviceSet> CreateCuda(const BackendOptions& options) {
   }
   DeviceSet set;
   set.backend = "cuda";
-  // Head dimensions the CUDA attention takes (the flash kernels at 64 and
-  // 128, the reference version elsewhere).
-  set.head_dims = kCpuHeadDims;
+  // Head dimensions the CUDA attention takes: the flash kernels run every
+  // one of them (on tiles 64, 128, 192 or 256 wide, zero past D).
+  set.head_dims = AttentionHeadDims();
   cuda::CudaDeviceOptions cuda_options;
   // The staging ring of each lane: its buffers of one chunk each.
   const int64_t per_buffer =

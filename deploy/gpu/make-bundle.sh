@@ -8,21 +8,24 @@ cd "$(dirname "$0")/../.."
 out="${1:-.gpu-server}"
 cmake --preset h200 >/dev/null
 cmake --build --preset h200 -j "$(nproc)" --target gpucompute-server gpucompute integration_test \
-  gc_sweep_memops gc_sweep_gemm kernels_gemv_test kernels_reduce_test kernels_transpose_test \
-  kernels_gemm_tc_test kernels_gemm_simt_test
+  gc_sweep_memops gc_sweep_gemm gc_sweep_attention kernels_gemv_test kernels_reduce_test \
+  kernels_transpose_test kernels_gemm_tc_test kernels_gemm_simt_test kernels_attention_test
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
    build/h200/tests/integration/integration_test deploy/gpu/verify-server.sh deploy/gpu/check-multi-gpu.sh \
    deploy/gpu/bench-data-path.sh deploy/gpu/sweep-memops.sh deploy/gpu/sweep-gemm.sh \
-   build/h200/tests/sweep/gc_sweep_memops build/h200/tests/sweep/gc_sweep_gemm \
-   tests/sweep/torch_vendor.py tests/sweep/gemm_table.py build/h200/tests/kernels/kernels_gemv_test \
+   deploy/gpu/sweep-attention.sh build/h200/tests/sweep/gc_sweep_memops \
+   build/h200/tests/sweep/gc_sweep_gemm build/h200/tests/sweep/gc_sweep_attention \
+   tests/sweep/torch_vendor.py tests/sweep/gemm_table.py tests/sweep/attention_vendor.py \
+   build/h200/tests/kernels/kernels_attention_test build/h200/tests/kernels/kernels_gemv_test \
    build/h200/tests/kernels/kernels_reduce_test build/h200/tests/kernels/kernels_transpose_test \
    build/h200/tests/kernels/kernels_gemm_tc_test build/h200/tests/kernels/kernels_gemm_simt_test "$out/bin/"
 skip='/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas[A-Za-z]*|libnvidia[^/]*|libssl|libcrypto)\.so'
 for bin in "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test \
-           "$out"/bin/gc_sweep_memops "$out"/bin/gc_sweep_gemm; do
+           "$out"/bin/gc_sweep_memops "$out"/bin/gc_sweep_gemm "$out"/bin/gc_sweep_attention; do
   ldd "$bin" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -Ev "$skip" || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 strip "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test \
-  "$out"/bin/gc_sweep_memops "$out"/bin/gc_sweep_gemm "$out"/bin/kernels_*_test "$out"/lib/*.so* 2>/dev/null || true
+  "$out"/bin/gc_sweep_memops "$out"/bin/gc_sweep_gemm "$out"/bin/gc_sweep_attention \
+  "$out"/bin/kernels_*_test "$out"/lib/*.so* 2>/dev/null || true
 du -sh "$out"

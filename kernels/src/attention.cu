@@ -37,14 +37,31 @@
 //                 cuDNN. Three consumers (192-row tiles) at head_dim 64 took
 //                 seq 4k from 383 to 407 and 16k from 397 to 434 TFLOP/s but
 //                 seq 1k causal from 248 down to 221, so seq_q < 2048 keeps two.
+//                 Since then (server-path sweep, 106 shapes, against the
+//                 faster of cuDNN and FA2; kernels/bench/results/
+//                 sweep-attention.md): every head dim that is a multiple of 8
+//                 up to 256 on tiles 64, 128, 192 or 256 wide (D96 was the
+//                 fp32 reference at 20 ms; now 0.99x the time of D128), a
+//                 persistent grid for short tiles (S128 squares 0.60-0.78x
+//                 the time), split-KV when the tiles leave SMs idle (chunked
+//                 prefill Sq128: 0.53-0.65x -> 1.51-1.67x the vendor): the
+//                 default went from 0.925x to 0.996x the vendor (geomean).
 //   flash_wgmma_pipelined - the same with the softmax of block n overlapping
 //                 P V of block n - 1 inside each warpgroup. A REGRESSION as
 //                 built: 0.65-0.95x flash_wgmma (at head_dim 128 the compiler
 //                 keeps the 168-register entry cap, spills 208 bytes, injects
 //                 warpgroup.arrive waits and serialises the wgmmas: ptxas
-//                 C7519 / C7512). Kept as a measured rung.
-// Best version against the floor: 530 TFLOP/s at d 128 is 54% of the ~990
-// TFLOP/s dense bf16 peak; decode streams K/V at 4.2 TB/s, the copy ceiling.
+//                 C7519 / C7512). With 96-key tiles at D128 it no longer
+//                 spills but still gets injected arrives: 0.51-0.69x the
+//                 vendor in the sweep. Kept as a measured rung.
+//   flash_wgmma_pingpong - flash_wgmma with the consumers issuing Q K^T in
+//                 turns (named barriers), so that one's softmax runs under the
+//                 other's product: 0.91-1.02x the speed of flash_wgmma in the
+//                 sweep, a tie on most shapes. Kept as a measured rung; the
+//                 overlap inside a warpgroup is missing.
+// Best version against the floor: 578 TFLOP/s at d 128 is 58% of the ~990
+// TFLOP/s dense bf16 peak (cuDNN 608-678 on the same shapes); decode streams
+// K/V at 4.2 TB/s, the copy ceiling.
 #include "gpucompute/kernels/attention.h"
 
 #include <cuda.h>
@@ -59,6 +76,7 @@
 #include "attention_common.cuh"
 #include "attention_mma.cuh"
 #include "attention_wgmma.cuh"
+#include "heuristics/attention_heuristics.h"
 #include "launch_util.h"
 
 namespace gpucompute::kernels {
@@ -131,7 +149,7 @@ __global__ void RefPVKernel(const AttnParams p, int head_dim, const float* P) {
     float acc = 0.f;
     for (int j = 0; j < p.seq_kv; ++j)
       acc = fmaf(pr[j], ToFloat(v[int64_t(j) * head_dim + d]), acc);
-    static_cast<T*>(p.o)[row * head_dim + d] = FromFloat<T>(acc);
+    StoreOut<T>(p, row * head_dim + d, acc);
   }
 }
 
@@ -143,6 +161,19 @@ cudaError_t LaunchReference(const AttnParams& p, int head_dim, float* S, cudaStr
   RefSoftmaxKernel<<<rows, 256, 0, stream>>>(p, S);
   RefPVKernel<T><<<rows, std::min(head_dim, 256), 0, stream>>>(p, head_dim, S);
   return cudaGetLastError();
+}
+
+AttentionShape AttentionShapeOf(const AttentionArgs& a) {
+  AttentionShape s;
+  s.batch = a.batch;
+  s.heads_q = a.heads_q;
+  s.heads_kv = a.heads_kv;
+  s.seq_q = a.seq_q;
+  s.seq_kv = a.seq_kv;
+  s.head_dim = a.head_dim;
+  s.causal = a.causal;
+  s.dtype = a.dtype;
+  return s;
 }
 
 // ---------------------------------------------------------------------------
@@ -176,26 +207,50 @@ int DecodeBlocksPerSm() {
   return n;
 }
 
+template <typename T>
+int DecodeBlocksPerSmOf(int64_t d) {
+  switch (PaddedHeadDim(d)) {
+    case 64: return DecodeBlocksPerSm<T, 64>();
+    case 128: return DecodeBlocksPerSm<T, 128>();
+    default: return DecodeBlocksPerSm<T, 256>();
+  }
+}
+
 int DecodeBlocksPerSm(DType t, int64_t d) {
-  if (t == DType::kF32)
-    return d == 64 ? DecodeBlocksPerSm<float, 64>() : DecodeBlocksPerSm<float, 128>();
-  if (t == DType::kF16)
-    return d == 64 ? DecodeBlocksPerSm<__half, 64>() : DecodeBlocksPerSm<__half, 128>();
-  return d == 64 ? DecodeBlocksPerSm<__nv_bfloat16, 64>() : DecodeBlocksPerSm<__nv_bfloat16, 128>();
+  if (t == DType::kF32) return DecodeBlocksPerSmOf<float>(d);
+  if (t == DType::kF16) return DecodeBlocksPerSmOf<__half>(d);
+  return DecodeBlocksPerSmOf<__nv_bfloat16>(d);
 }
 
 MmaPlan PlanMma(const AttentionArgs& a) {
   MmaPlan pl;
+  const int kd = PaddedHeadDim(a.head_dim);
   const int64_t rows = a.heads_q / a.heads_kv * a.seq_q;
   pl.decode = rows <= 16;
-  pl.small = !pl.decode && rows <= 64;
+  // 64-row tiles for short query blocks, and always at a padded head dim of
+  // 256 (two m16 tiles per warp would not fit the registers).
+  pl.small = !pl.decode && (rows <= 64 || kd == 256);
   pl.br = pl.decode ? 16 : (pl.small ? 64 : 128);
-  pl.bc = (pl.decode || pl.small || a.head_dim == 64) ? 64 : 32;
+  pl.bc = kd == 256 && !pl.decode ? 32 : ((pl.decode || pl.small || kd == 64) ? 64 : 32);
   pl.m_blocks = int((rows + pl.br - 1) / pl.br);
   const int64_t ctas = int64_t(pl.m_blocks) * a.batch * a.heads_kv;
   const int sms = SmCount();
   const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
-  if (ctas < sms && key_blocks >= 8) {
+  int64_t wave_splits = 1;
+  if (pl.decode && ctas >= sms) {
+    const int64_t slots = int64_t(sms) * DecodeBlocksPerSm(a.dtype, a.head_dim);
+    wave_splits = DecodeWaveSplits(ctas, slots, key_blocks);
+  }
+  if (wave_splits > 1) {
+    const int64_t per = (key_blocks + wave_splits - 1) / wave_splits;
+    pl.split_len = int(per * pl.bc);
+    pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);
+    if (pl.splits > 1) {
+      pl.workspace = size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * (kd + 1) * 4;
+    } else {
+      pl.split_len = 0;
+    }
+  } else if (ctas < sms && key_blocks >= 8) {
     // Decode: exactly one wave of equal splits over every resident block slot
     // (measured: 17 splits in 2.75 waves lost ~8% to the tail). Otherwise
     // about four blocks per SM.
@@ -208,7 +263,7 @@ MmaPlan PlanMma(const AttentionArgs& a) {
     pl.split_len = int(per * pl.bc);
     pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);
     if (pl.splits > 1)
-      pl.workspace = size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * (a.head_dim + 1) * 4;
+      pl.workspace = size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * (kd + 1) * 4;
     else
       pl.split_len = 0;
   }
@@ -236,18 +291,24 @@ cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t s
   return cudaGetLastError();
 }
 
+// Tiles by the padded head dim (64, 128 or 256).
 template <typename T>
 cudaError_t LaunchMma(const AttnParams& p, const MmaPlan& pl, int head_dim, cudaStream_t stream) {
+  const int kd = PaddedHeadDim(head_dim);
   if (pl.decode) {
-    return head_dim == 64 ? LaunchMmaTile<T, DecodeTile<64>, true>(p, pl, stream)
-                          : LaunchMmaTile<T, DecodeTile<128>, true>(p, pl, stream);
+    if (kd == 64) return LaunchMmaTile<T, DecodeTile<64>, true>(p, pl, stream);
+    if (kd == 128) return LaunchMmaTile<T, DecodeTile<128>, true>(p, pl, stream);
+    return LaunchMmaTile<T, DecodeTile<256>, true>(p, pl, stream);
   }
-  if (head_dim == 64) {
+  if (kd == 64) {
     return pl.small ? LaunchMmaTile<T, MmaTile<64, 1, 64>>(p, pl, stream)
                     : LaunchMmaTile<T, MmaTile<64, 2, 64>>(p, pl, stream);
   }
-  return pl.small ? LaunchMmaTile<T, MmaTile<128, 1, 64>>(p, pl, stream)
-                  : LaunchMmaTile<T, MmaTile<128, 2, 32>>(p, pl, stream);
+  if (kd == 128) {
+    return pl.small ? LaunchMmaTile<T, MmaTile<128, 1, 64>>(p, pl, stream)
+                    : LaunchMmaTile<T, MmaTile<128, 2, 32>>(p, pl, stream);
+  }
+  return LaunchMmaTile<T, MmaTile<256, 1, 32>>(p, pl, stream);
 }
 
 // ---------------------------------------------------------------------------
@@ -292,21 +353,34 @@ bool MakeTensorMap(CUtensorMap* map, const void* ptr, DType dtype, int64_t plane
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename M, int kD, bool kCausal, bool kPipelined, int kConsumers>
+template <typename M, int kD, bool kCausal, int kSched, int kConsumers, int kBc = 0>
 cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStream_t stream) {
-  using Tile = WgmmaTile<kD, kConsumers>;
+  using Tile = WgmmaTile<kD, kConsumers, kBc>;
+  // Maps over the tensors' own D: TMA zero-fills the tile columns past it.
   CUtensorMap tq, tk, tv;
-  if (!MakeTensorMap(&tq, a.q, a.dtype, a.batch * a.heads_q, a.seq_q, kD, Tile::kBr) ||
-      !MakeTensorMap(&tk, a.k, a.dtype, a.batch * a.heads_kv, a.seq_kv, kD, Tile::kBc) ||
-      !MakeTensorMap(&tv, a.v, a.dtype, a.batch * a.heads_kv, a.seq_kv, kD, Tile::kBc))
+  const int64_t d = a.head_dim;
+  if (!MakeTensorMap(&tq, a.q, a.dtype, a.batch * a.heads_q, a.seq_q, d, Tile::kBr) ||
+      !MakeTensorMap(&tk, a.k, a.dtype, a.batch * a.heads_kv, a.seq_kv, d, Tile::kBc) ||
+      !MakeTensorMap(&tv, a.v, a.dtype, a.batch * a.heads_kv, a.seq_kv, d, Tile::kBc))
     return cudaErrorNotSupported;
-  auto kernel = FlashWgmmaKernel<M, Tile, kCausal, kPipelined>;
+  auto kernel = FlashWgmmaKernel<M, Tile, kCausal, kSched>;
   // Per launch, not once: the attribute belongs to the current device.
   const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
   if (attr != cudaSuccess) return attr;
-  dim3 grid(unsigned((a.seq_q + Tile::kBr - 1) / Tile::kBr), unsigned(a.batch * a.heads_q));
-  kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(tq, tk, tv, p);
+  // Persistent (one block per SM: the shared memory allows no second one)
+  // where the heuristics say so, else one tile per block. The pipelined rung
+  // keeps one tile per block: as a persistent grid it deadlocked in the
+  // kernel tests (B4 H16/4 S600 causal D64 bf16: an mbarrier wait trapped),
+  // cause not found.
+  const int64_t tiles =
+      (a.seq_q + Tile::kBr - 1) / Tile::kBr * a.batch * a.heads_q * p.num_splits;
+  const bool persistent = kSched != kSchedPipelined && WgmmaPersistent(AttentionShapeOf(a)) &&
+                          tiles > SmCount();
+  dim3 grid(unsigned(persistent ? SmCount() : tiles));
+  // A block that runs one tile never uses the second Q slot.
+  const size_t smem = persistent ? Tile::kSmemBytes : Tile::kOneTileSmemBytes;
+  kernel<<<grid, Tile::kThreads, smem, stream>>>(tq, tk, tv, p);
   return cudaGetLastError();
 }
 
@@ -314,19 +388,100 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
 // where the softmax weighs most against the GEMMs (measured +5..10% at 4k and
 // 16k); two at 1k (192-row tiles waste a partial tile and balance causal work
 // worse: -11% causal) and at head_dim 128 (registers).
-template <typename M, bool kPipelined>
+template <typename M, int kSched>
 cudaError_t LaunchWgmma(const AttentionArgs& a, const AttnParams& p, cudaStream_t stream) {
-  if (a.head_dim == 64) {
+  constexpr bool kPipelined = kSched == kSchedPipelined;
+  const int kd = WgmmaHeadDim(a.head_dim);
+  if (kd == 64) {
     if constexpr (!kPipelined) {
-      if (a.seq_q >= 2048)
-        return a.causal ? LaunchWgmmaTile<M, 64, true, false, 3>(a, p, stream)
-                        : LaunchWgmmaTile<M, 64, false, false, 3>(a, p, stream);
+      if (WgmmaConsumers(AttentionShapeOf(a)) == 3)
+        return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 3>(a, p, stream)
+                        : LaunchWgmmaTile<M, 64, false, kSched, 3>(a, p, stream);
     }
-    return a.causal ? LaunchWgmmaTile<M, 64, true, kPipelined, 2>(a, p, stream)
-                    : LaunchWgmmaTile<M, 64, false, kPipelined, 2>(a, p, stream);
+    return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 2>(a, p, stream)
+                    : LaunchWgmmaTile<M, 64, false, kSched, 2>(a, p, stream);
   }
-  return a.causal ? LaunchWgmmaTile<M, 128, true, kPipelined, 2>(a, p, stream)
-                  : LaunchWgmmaTile<M, 128, false, kPipelined, 2>(a, p, stream);
+  // The pipelined rung at 128 holds S of one key block, P of the one before
+  // and O: 96-key tiles keep that inside the 168 registers ptxas allows
+  // (128-key tiles spilled 208 bytes and serialised the wgmmas).
+  if (kd == 128) {
+    if constexpr (kPipelined) {
+      return a.causal ? LaunchWgmmaTile<M, 128, true, kSched, 2, 96>(a, p, stream)
+                      : LaunchWgmmaTile<M, 128, false, kSched, 2, 96>(a, p, stream);
+    } else {
+      return a.causal ? LaunchWgmmaTile<M, 128, true, kSched, 2>(a, p, stream)
+                      : LaunchWgmmaTile<M, 128, false, kSched, 2>(a, p, stream);
+    }
+  }
+  if constexpr (!kPipelined) {
+    if (kd == 192)
+      return a.causal ? LaunchWgmmaTile<M, 192, true, kSched, 2>(a, p, stream)
+                      : LaunchWgmmaTile<M, 192, false, kSched, 2>(a, p, stream);
+    // One consumer: nothing to take turns with.
+    return a.causal ? LaunchWgmmaTile<M, 256, true, kSchedInOrder, 1>(a, p, stream)
+                    : LaunchWgmmaTile<M, 256, false, kSchedInOrder, 1>(a, p, stream);
+  }
+  return cudaErrorInvalidValue;  // CheckVariant refuses it
+}
+
+// The work tiles of flash_wgmma and their key splits.
+struct WgmmaPlan {
+  int kd = 128;  // padded head dim
+  int br = 128;  // query rows per tile
+  int bc = 128;  // keys per block
+  int splits = 1;
+  int split_len = 0;
+  size_t workspace = 0;
+};
+
+// Mirrors LaunchWgmma's tile choice.
+WgmmaPlan PlanWgmma(const AttentionArgs& a, bool pipelined) {
+  WgmmaPlan pl;
+  pl.kd = WgmmaHeadDim(a.head_dim);
+  const int consumers = pl.kd == 256 ? 1
+                        : (pl.kd == 64 && !pipelined && WgmmaConsumers(AttentionShapeOf(a)) == 3)
+                            ? 3
+                            : 2;
+  pl.br = 64 * consumers;
+  pl.bc = pl.kd == 128 && pipelined ? 96 : (pl.kd > 128 ? 64 : 128);
+  const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q;
+  const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
+  const int64_t splits = WgmmaKeySplits(tiles, key_blocks, SmCount());
+  if (splits > 1) {
+    const int64_t per = (key_blocks + splits - 1) / splits;
+    pl.split_len = int(per * pl.bc);
+    pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);
+  }
+  if (pl.splits > 1) {
+    pl.workspace = size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * (pl.kd + 1) * 4;
+  } else {
+    pl.split_len = 0;
+  }
+  return pl;
+}
+
+// flash_wgmma with its key splits merged after.
+template <typename M, int kSched>
+cudaError_t LaunchWgmmaSplit(const AttentionArgs& a, AttnParams p, void* workspace,
+                             cudaStream_t stream) {
+  const WgmmaPlan pl = PlanWgmma(a, kSched == kSchedPipelined);
+  if (pl.splits > 1) {
+    if (!workspace) return cudaErrorInvalidValue;
+    p.num_splits = pl.splits;
+    p.split_len = pl.split_len;
+    p.part_o = static_cast<float*>(workspace);
+    p.part_lse = p.part_o + size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * pl.kd;
+  }
+  const cudaError_t err = LaunchWgmma<M, kSched>(a, p, stream);
+  if (err != cudaSuccess || pl.splits == 1) return err;
+  const unsigned rows = unsigned(a.batch * a.heads_q * a.seq_q);
+  switch (pl.kd) {
+    case 64: CombineSplitsKernel<M, 64><<<rows, 64, 0, stream>>>(p); break;
+    case 128: CombineSplitsKernel<M, 128><<<rows, 128, 0, stream>>>(p); break;
+    case 192: CombineSplitsKernel<M, 192><<<rows, 192, 0, stream>>>(p); break;
+    default: CombineSplitsKernel<M, 256><<<rows, 256, 0, stream>>>(p); break;
+  }
+  return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------
@@ -335,7 +490,7 @@ cudaError_t LaunchWgmma(const AttentionArgs& a, const AttnParams& p, cudaStream_
 
 const std::vector<std::string>& Names() {
   static const std::vector<std::string> v = {"reference", "flash_mma", "flash_wgmma",
-                                             "flash_wgmma_pipelined"};
+                                             "flash_wgmma_pipelined", "flash_wgmma_pingpong"};
   return v;
 }
 
@@ -355,7 +510,8 @@ Support CheckCommon(const AttentionArgs& a) {
 }
 
 Support CheckFlash(const AttentionArgs& a) {
-  if (a.head_dim != 64 && a.head_dim != 128) return Support::No("head_dim must be 64 or 128");
+  if (a.head_dim % 8 != 0 || a.head_dim > 256)
+    return Support::No("head_dim must be a multiple of 8 up to 256");
   if (!Aligned16(a.q) || !Aligned16(a.k) || !Aligned16(a.v) || !Aligned16(a.o))
     return Support::No("q, k, v and o must be 16-byte aligned");
   return Support::Yes();
@@ -369,10 +525,13 @@ Support CheckVariant(const AttentionArgs& a, std::string_view variant) {
     return Support::Yes();
   }
   if (variant == "flash_mma") return CheckFlash(a);
-  if (variant == "flash_wgmma" || variant == "flash_wgmma_pipelined") {
+  if (variant == "flash_wgmma" || variant == "flash_wgmma_pipelined" ||
+      variant == "flash_wgmma_pingpong") {
     if (a.dtype == DType::kF32) return Support::No("flash_wgmma: fp16 or bf16 inputs only");
     s = CheckFlash(a);
     if (!s) return s;
+    if (variant == "flash_wgmma_pipelined" && a.head_dim > 128)
+      return Support::No("flash_wgmma_pipelined: head_dim must be <= 128 (registers)");
     if (!EncodeTiled()) return Support::No("flash_wgmma: cuTensorMapEncodeTiled unavailable");
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
@@ -383,14 +542,12 @@ Support CheckVariant(const AttentionArgs& a, std::string_view variant) {
   return Support::No("unknown variant '" + std::string(variant) + "'");
 }
 
-// The fastest version for these arguments: flash_wgmma for query blocks of
-// 128 rows and more (fp16/bf16), flash_mma (row packing + key splits) for short
-// ones and for fp32, the reference for anything else (head_dim not 64/128,
-// misaligned pointers).
+// The version the default runs (heuristics/attention_heuristics.h).
 std::string_view Pick(const AttentionArgs& a) {
-  if (a.seq_q >= 128 && CheckVariant(a, "flash_wgmma")) return "flash_wgmma";
-  if (CheckVariant(a, "flash_mma")) return "flash_mma";
-  return "reference";
+  AttentionShape s = AttentionShapeOf(a);
+  s.wgmma_ok = bool(CheckVariant(a, "flash_wgmma"));
+  s.mma_ok = bool(CheckVariant(a, "flash_mma"));
+  return ChooseAttentionVariant(s);
 }
 
 AttnParams MakeParams(const AttentionArgs& a) {
@@ -408,6 +565,8 @@ AttnParams MakeParams(const AttentionArgs& a) {
   p.seq_kv = int(a.seq_kv);
   p.causal = a.causal ? 1 : 0;
   p.causal_off = int(a.seq_kv - a.seq_q);
+  p.head_dim = int(a.head_dim);
+  p.o_f32 = a.out_f32 ? 1 : 0;
   p.scale = a.scale > 0.f ? a.scale : float(1.0 / std::sqrt(double(a.head_dim)));
   p.scale_log2 = p.scale * kLog2e;
   p.num_splits = 1;
@@ -428,12 +587,19 @@ Support CanImplementAttention(const AttentionArgs& args, std::string_view varian
   return attention::CheckVariant(args, variant);
 }
 
+std::string_view AttentionVariantName(const AttentionArgs& args, std::string_view variant) {
+  return variant.empty() ? attention::Pick(args) : variant;
+}
+
 size_t AttentionWorkspaceBytes(const AttentionArgs& args, std::string_view variant) {
   if (variant.empty()) variant = attention::Pick(args);
   if (!attention::CheckVariant(args, variant)) return 0;
   if (variant == "reference")
     return size_t(args.batch) * args.heads_q * args.seq_q * args.seq_kv * sizeof(float);
   if (variant == "flash_mma") return attention::PlanMma(args).workspace;
+  if (variant == "flash_wgmma" || variant == "flash_wgmma_pipelined" ||
+      variant == "flash_wgmma_pingpong")
+    return attention::PlanWgmma(args, variant == "flash_wgmma_pipelined").workspace;
   return 0;
 }
 
@@ -461,7 +627,9 @@ cudaError_t LaunchAttention(const AttentionArgs& args, std::string_view variant,
       p.num_splits = pl.splits;
       p.split_len = pl.split_len;
       p.part_o = static_cast<float*>(workspace);
-      p.part_lse = p.part_o + size_t(pl.splits) * args.batch * args.heads_q * args.seq_q * d;
+      // The partials are as wide as the padded tile (PlanMma sized them so).
+      p.part_lse = p.part_o + size_t(pl.splits) * args.batch * args.heads_q * args.seq_q *
+                                  size_t(PaddedHeadDim(d));
     }
     switch (args.dtype) {
       case DType::kF32: return LaunchMma<float>(p, pl, d, stream);
@@ -471,12 +639,19 @@ cudaError_t LaunchAttention(const AttentionArgs& args, std::string_view variant,
     return cudaErrorInvalidValue;
   }
   if (variant == "flash_wgmma") {
-    if (args.dtype == DType::kF16) return LaunchWgmma<__half, false>(args, p, stream);
-    return LaunchWgmma<__nv_bfloat16, false>(args, p, stream);
+    if (args.dtype == DType::kF16)
+      return LaunchWgmmaSplit<__half, kSchedInOrder>(args, p, workspace, stream);
+    return LaunchWgmmaSplit<__nv_bfloat16, kSchedInOrder>(args, p, workspace, stream);
+  }
+  if (variant == "flash_wgmma_pingpong") {
+    if (args.dtype == DType::kF16)
+      return LaunchWgmmaSplit<__half, kSchedPingPong>(args, p, workspace, stream);
+    return LaunchWgmmaSplit<__nv_bfloat16, kSchedPingPong>(args, p, workspace, stream);
   }
   // flash_wgmma_pipelined
-  if (args.dtype == DType::kF16) return LaunchWgmma<__half, true>(args, p, stream);
-  return LaunchWgmma<__nv_bfloat16, true>(args, p, stream);
+  if (args.dtype == DType::kF16)
+    return LaunchWgmmaSplit<__half, kSchedPipelined>(args, p, workspace, stream);
+  return LaunchWgmmaSplit<__nv_bfloat16, kSchedPipelined>(args, p, workspace, stream);
 }
 
 }  // namespace gpucompute::kernels

@@ -31,6 +31,8 @@ struct AttnParams {
   int seq_kv;
   int causal;
   int causal_off;   // seq_kv - seq_q: query i sees keys j <= i + causal_off
+  int head_dim;     // D of the tensors (a multiple of 8 <= the kernel's padded kD)
+  int o_f32;        // O is written as fp32 (else in the input dtype)
   float scale;      // softmax scale on the logits
   float scale_log2; // scale * log2(e): exp(scale * x) = exp2(scale_log2 * x)
   // Key splitting (flash_mma only): block z of gridDim.z handles keys
@@ -103,6 +105,37 @@ __device__ __forceinline__ void StorePair<__half>(__half* p, float a, float b) {
 template <>
 __device__ __forceinline__ void StorePair<__nv_bfloat16>(__nv_bfloat16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
+// Stores two adjacent output elements of O at element offset `off`, in fp32
+// when p.o_f32, else in the input type T.
+template <typename T>
+__device__ __forceinline__ void StoreOutPair(const AttnParams& p, int64_t off, float a, float b) {
+  if (p.o_f32) {
+    StorePair<float>(static_cast<float*>(p.o) + off, a, b);
+  } else {
+    StorePair<T>(static_cast<T*>(p.o) + off, a, b);
+  }
+}
+
+// One output element of O (see StoreOutPair).
+template <typename T>
+__device__ __forceinline__ void StoreOut(const AttnParams& p, int64_t off, float a) {
+  if (p.o_f32) {
+    static_cast<float*>(p.o)[off] = a;
+  } else {
+    static_cast<T*>(p.o)[off] = FromFloat<T>(a);
+  }
+}
+
+// The kernels' padded head dim for D: 64, 128 or 256 (D a multiple of 8,
+// <= 256). Columns past D are zero-filled on load and never stored.
+constexpr int PaddedHeadDim(int64_t d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
+
+// flash_wgmma's: 64, 128, 192 or 256 (its tiles are 64-column panels, all
+// of them loaded).
+constexpr int WgmmaHeadDim(int64_t d) {
+  return d <= 64 ? 64 : (d <= 128 ? 128 : (d <= 192 ? 192 : 256));
 }
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {

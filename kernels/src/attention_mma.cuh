@@ -92,8 +92,12 @@ __global__ void __launch_bounds__(Tile::kThreads)
   const int m_block = p.causal ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int r0 = m_block * kBr;
   const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k) + int64_t(bkv) * p.seq_kv * kD;
-  const T* v = static_cast<const T*>(p.v) + int64_t(bkv) * p.seq_kv * kD;
+  // Rows of D elements in memory; the tiles are kD wide, zero past D. Both
+  // products run over the whole tile (fully unrolled, as for kD = D); the
+  // output columns past D are never stored.
+  const int d = p.head_dim, dchunks = d >> 3;
+  const T* k = static_cast<const T*>(p.k) + int64_t(bkv) * p.seq_kv * d;
+  const T* v = static_cast<const T*>(p.v) + int64_t(bkv) * p.seq_kv * d;
 
   // Keys this block must visit: all, or under the causal mask up to the last
   // key its latest query position sees; then this block's split of them.
@@ -122,9 +126,9 @@ __global__ void __launch_bounds__(Tile::kThreads)
   for (int c = tid; c < kBr * kChunks; c += Tile::kThreads) {
     const int row = c / kChunks, chunk = c % kChunks, r = r0 + row;
     const T* src = nullptr;
-    if (r < rows_total) {
+    if (r < rows_total && chunk < dchunks) {
       const int head = kvh * p.group + r / p.seq_q, i = r % p.seq_q;
-      src = q + ((int64_t(b) * p.heads_q + head) * p.seq_q + i) * kD;
+      src = q + ((int64_t(b) * p.heads_q + head) * p.seq_q + i) * d;
     }
     LoadChunk<T, M, kD>(sQ, row, chunk, src, p.q);
   }
@@ -134,9 +138,9 @@ __global__ void __launch_bounds__(Tile::kThreads)
     M* dv = sV + stage * kBc * kD;
     for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
       const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
-      const bool ok = key < p.seq_kv;
-      LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * kD : nullptr, p.k);
-      LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * kD : nullptr, p.v);
+      const bool ok = key < p.seq_kv && chunk < dchunks;
+      LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * d : nullptr, p.k);
+      LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * d : nullptr, p.v);
     }
   };
   if (nblocks > 0) load_kv(0, 0);
@@ -244,7 +248,6 @@ __global__ void __launch_bounds__(Tile::kThreads)
   CpAsyncWait<0>();
 
   // Epilogue: normalise and store (or store the fp32 partials of this split).
-  T* out = static_cast<T*>(p.o);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
     float inv[2], lse[2];
@@ -255,20 +258,22 @@ __global__ void __launch_bounds__(Tile::kThreads)
       if (r >= rows_total) continue;
       const int head = kvh * p.group + r / p.seq_q;
       const int64_t lrow = (int64_t(b) * p.heads_q + head) * p.seq_q + r % p.seq_q;
-      const int64_t off = lrow * kD;
+      const int64_t off = lrow * d;
       if (p.num_splits > 1) {
         float* po = p.part_o + (int64_t(blockIdx.z) * p.batch * p.heads_q * p.seq_q + lrow) * kD;
 #pragma unroll
         for (int j = 0; j < kDT; ++j)
-          StorePair<float>(po + 8 * j + 2 * t, o[mt][j][2 * h] * inv[h],
-                           o[mt][j][2 * h + 1] * inv[h]);
+          if (8 * j < d)
+            StorePair<float>(po + 8 * j + 2 * t, o[mt][j][2 * h] * inv[h],
+                             o[mt][j][2 * h + 1] * inv[h]);
         if (t == 0)
           p.part_lse[int64_t(blockIdx.z) * p.batch * p.heads_q * p.seq_q + lrow] = lse[h];
       } else {
 #pragma unroll
         for (int j = 0; j < kDT; ++j)
-          StorePair<T>(out + off + 8 * j + 2 * t, o[mt][j][2 * h] * inv[h],
-                       o[mt][j][2 * h + 1] * inv[h]);
+          if (8 * j < d)
+            StoreOutPair<T>(p, off + 8 * j + 2 * t, o[mt][j][2 * h] * inv[h],
+                            o[mt][j][2 * h + 1] * inv[h]);
         if (t == 0 && p.lse) p.lse[lrow] = lse[h];
       }
     }
@@ -317,8 +322,10 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
   const int rows_total = p.group * p.seq_q;
   const int r0 = blockIdx.x * kBr;
   const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k) + int64_t(bkv) * p.seq_kv * kD;
-  const T* v = static_cast<const T*>(p.v) + int64_t(bkv) * p.seq_kv * kD;
+  // Rows of D elements in memory; the tiles are kD wide, zero past D.
+  const int d = p.head_dim, dchunks = d >> 3;
+  const T* k = static_cast<const T*>(p.k) + int64_t(bkv) * p.seq_kv * d;
+  const T* v = static_cast<const T*>(p.v) + int64_t(bkv) * p.seq_kv * d;
 
   int key_end = p.seq_kv;
   if (p.causal) {
@@ -337,9 +344,9 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
   for (int c = tid; c < kBr * kChunks; c += Tile::kThreads) {
     const int row = c / kChunks, chunk = c % kChunks, r = r0 + row;
     const T* src = nullptr;
-    if (r < rows_total) {
+    if (r < rows_total && chunk < dchunks) {
       const int head = kvh * p.group + r / p.seq_q, i = r % p.seq_q;
-      src = q + ((int64_t(b) * p.heads_q + head) * p.seq_q + i) * kD;
+      src = q + ((int64_t(b) * p.heads_q + head) * p.seq_q + i) * d;
     }
     LoadChunk<T, M, kD>(sQ, row, chunk, src, p.q);
   }
@@ -349,9 +356,9 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
     M* dv = sV + stage * kBc * kD;
     for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
       const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
-      const bool ok = key < p.seq_kv;
-      LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * kD : nullptr, p.k);
-      LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * kD : nullptr, p.v);
+      const bool ok = key < p.seq_kv && chunk < dchunks;
+      LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * d : nullptr, p.k);
+      LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * d : nullptr, p.v);
     }
   };
   if (nblocks > 0) load_kv(0, 0);
@@ -442,10 +449,9 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
     }
   }
   __syncthreads();
-  T* out = static_cast<T*>(p.o);
   for (int e = tid; e < kBr * kD; e += Tile::kThreads) {
-    const int row = e / kD, d = e % kD, r = r0 + row;
-    if (r >= rows_total) continue;
+    const int row = e / kD, col = e % kD, r = r0 + row;
+    if (r >= rows_total || col >= d) continue;
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < Tile::kWarps; ++w) mx = fmaxf(mx, sm_m[w * kBr + row]);
@@ -455,7 +461,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
       for (int w = 0; w < Tile::kWarps; ++w) {
         const float f = exp2f((sm_m[w * kBr + row] - mx) * p.scale_log2);
         sum += f * sm_l[w * kBr + row];
-        acc += f * sm_o[(w * kBr + row) * kD + d];
+        acc += f * sm_o[(w * kBr + row) * kD + col];
       }
     }
     const bool empty = !(sum > 0.f);
@@ -465,17 +471,18 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
     const int64_t lrow = (int64_t(b) * p.heads_q + head) * p.seq_q + r % p.seq_q;
     if (p.num_splits > 1) {
       const int64_t zrow = int64_t(blockIdx.z) * p.batch * p.heads_q * p.seq_q + lrow;
-      p.part_o[zrow * kD + d] = val;
-      if (d == 0) p.part_lse[zrow] = lse;
+      p.part_o[zrow * kD + col] = val;
+      if (col == 0) p.part_lse[zrow] = lse;
     } else {
-      out[lrow * kD + d] = FromFloat<T>(val);
-      if (d == 0 && p.lse) p.lse[lrow] = lse;
+      StoreOut<T>(p, lrow * d + col, val);
+      if (col == 0 && p.lse) p.lse[lrow] = lse;
     }
   }
 }
 
 // Merges the key splits of every row: lse = log sum_z exp(lse_z),
-// O = sum_z exp(lse_z - lse) O_z. One block of kD threads per row.
+// O = sum_z exp(lse_z - lse) O_z. One block of kD threads per row (the
+// partials are kD wide; columns past D are not stored).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kD) CombineSplitsKernel(const AttnParams p) {
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
@@ -492,7 +499,7 @@ __global__ void __launch_bounds__(kD) CombineSplitsKernel(const AttnParams p) {
     }
   }
   const bool empty = !(wsum > 0.f);
-  static_cast<T*>(p.o)[row * kD + d] = FromFloat<T>(empty ? 0.f : acc / wsum);
+  if (d < p.head_dim) StoreOut<T>(p, row * p.head_dim + d, empty ? 0.f : acc / wsum);
   if (d == 0 && p.lse) p.lse[row] = empty ? -INFINITY : mx + logf(wsum);
 }
 

@@ -18,4 +18,10 @@ std::string_view OpName(OpKind op) {
   return "unknown";
 }
 
+std::vector<int64_t> AttentionHeadDims() {
+  std::vector<int64_t> dims;
+  for (int64_t d = 8; d <= 256; d += 8) dims.push_back(d);
+  return dims;
+}
+
 }  // namespace gpucompute

@@ -30,7 +30,7 @@ struct Limits {
   // RESOURCE_EXHAUSTED. The server derives it from max_message_bytes.
   int64_t max_output_bytes = std::numeric_limits<int64_t>::max();
   // Attention head dimensions the backend implements, ascending.
-  std::vector<int64_t> head_dims = {32, 64, 96, 128, 256};
+  std::vector<int64_t> head_dims = AttentionHeadDims();
 };
 
 // Proto dtype -> ours. INVALID_ARGUMENT naming `field` for

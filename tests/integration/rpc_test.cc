@@ -204,6 +204,12 @@ TEST_P(RpcTest, Attention) {
        .seq_kv = 33,
        .causal = true,
        .lse = true},
+      // Head dims other than 64 and 128 (every multiple of 8 up to 256).
+      {.heads_q = 2, .heads_kv = 1, .seq_q = 129, .seq_kv = 77, .head_dim = 8, .causal = true},
+      {.heads_q = 2, .heads_kv = 2, .seq_q = 130, .seq_kv = 200, .head_dim = 40, .lse = true},
+      {.batch = 2, .heads_q = 2, .heads_kv = 1, .seq_q = 5, .seq_kv = 300, .head_dim = 96},
+      {.heads_q = 1, .heads_kv = 1, .seq_q = 140, .seq_kv = 140, .head_dim = 200, .causal = true},
+      {.heads_q = 2, .heads_kv = 2, .seq_q = 17, .seq_kv = 65, .head_dim = 256, .lse = true},
   };
   for (const AttentionCase& c : cases) {
     SCOPED_TRACE(absl::StrCat("B ", c.batch, " Hq ", c.heads_q, " Hkv ", c.heads_kv, " Sq ",

@@ -22,6 +22,7 @@ struct Shape {
   bool big_logits = false;  // |scale q.k| up to ~50
   bool misaligned = false;  // base pointers off 16-byte alignment
   bool no_lse = false;
+  bool out_f32 = false;     // O written as fp32 (AttentionArgs::out_f32)
 };
 
 struct Case {
@@ -36,7 +37,8 @@ std::string Describe(const Case& c) {
                   std::to_string(s.hkv) + "_Sq" + std::to_string(s.sq) + "_Skv" +
                   std::to_string(s.skv) + "_D" + std::to_string(s.d) +
                   (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") +
-                  (s.misaligned ? "_misaligned" : "") + (s.no_lse ? "_nolse" : "") + "_" +
+                  (s.misaligned ? "_misaligned" : "") + (s.no_lse ? "_nolse" : "") +
+                  (s.out_f32 ? "_of32" : "") + "_" +
                   kernels::DTypeName(c.dtype);
   return n;
 }
@@ -131,13 +133,20 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   HostData hk = RandomHost(nkv, c.dtype, -lim, lim);
   HostData hv = RandomHost(nkv, c.dtype, -1, 1);
   const size_t off = s.misaligned ? es : 0;
-  DeviceArray dq(nq * es, off), dk(nkv * es, off), dv(nkv * es, off), dout(nq * es, off);
+  const DType out_t = s.out_f32 ? DType::kF32 : c.dtype;
+  const size_t eo = kernels::DTypeSize(out_t);
+  DeviceArray dq(nq * es, off), dk(nkv * es, off), dv(nkv * es, off), dout(nq * eo, off);
   DeviceArray dlse(s.b * s.hq * s.sq * sizeof(float));
   dq.Upload(hq.bytes.data());
   dk.Upload(hk.bytes.data());
   dv.Upload(hv.bytes.data());
   dout.Poison();
   dlse.Poison();
+
+  // A failed allocation (a context broken by an earlier test) is a failure,
+  // not a refusal.
+  ASSERT_TRUE(dq.ok() && dk.ok() && dv.ok() && dout.ok() && dlse.ok())
+      << "device allocation failed: " << cudaGetErrorString(cudaGetLastError());
 
   AttentionArgs a;
   a.q = dq.get();
@@ -154,6 +163,7 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   a.dtype = c.dtype;
   a.causal = s.causal;
   a.scale = s.big_logits ? 1.0f : 0.f;
+  a.out_f32 = s.out_f32;
   const kernels::Support ok = kernels::CanImplementAttention(a, c.variant);
   if (!ok) GTEST_SKIP() << "refused: " << ok.reason;
 
@@ -167,10 +177,10 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   const double scale = s.big_logits ? 1.0 : 1.0 / std::sqrt(double(s.d));
   CpuAttention(s, scale, hq.values, hk.values, hv.values, &ref_o, &ref_lse);
 
-  std::vector<uint8_t> got(nq * es);
+  std::vector<uint8_t> got(nq * eo);
   dout.Download(got.data());
   const Tol tol = TolFor(c);
-  EXPECT_TRUE(AllClose(got.data(), c.dtype, ref_o, tol.atol, tol.rtol)) << "output";
+  EXPECT_TRUE(AllClose(got.data(), out_t, ref_o, tol.atol, tol.rtol)) << "output";
   if (!s.no_lse) {
     std::vector<float> got_lse(s.b * s.hq * s.sq);
     dlse.Download(got_lse.data());
@@ -199,6 +209,26 @@ std::vector<Case> AllCases() {
       {1, 2, 1, 1000, 1000, 64, true, true},
       {1, 2, 2, 333, 2000, 128, false, true},
       {1, 2, 2, 100, 100, 64, false, false, true},
+      // Head dims other than 64 and 128 (tiles padded to 64, 128 or 256).
+      {1, 2, 2, 300, 555, 96, true},
+      {1, 4, 1, 17, 1000, 40, false},    // short query block, key splits
+      {2, 2, 2, 129, 129, 200, true},
+      {1, 8, 2, 1, 2048, 96, false},     // decode tile
+      {1, 2, 2, 1000, 1000, 256, false},
+      {1, 2, 1, 4, 3000, 256, true},     // decode tile, key splits
+      {1, 2, 2, 200, 200, 8, true},
+      {1, 4, 2, 1000, 300, 160, true},   // Sq > Skv: leading rows see no key
+      {1, 2, 2, 700, 700, 136, false},   // flash_wgmma's 192-wide tile
+      {2, 4, 2, 300, 1000, 192, true},
+      // More work tiles than SMs: the persistent grid's blocks take several.
+      {4, 16, 4, 600, 600, 64, true},
+      {2, 8, 8, 2048, 2048, 64, false},  // three consumer warpgroups
+      {2, 16, 4, 1000, 1000, 128, true},
+      {48, 16, 4, 1, 1024, 64, false},   // decode blocks past one wave: split to fill waves
+      // O written as fp32.
+      {1, 2, 2, 300, 555, 128, true, false, false, false, true},
+      {1, 8, 2, 3, 1000, 64, false, false, false, false, true},
+      {2, 2, 1, 1000, 1000, 96, false, false, false, true, true},
   };
   std::vector<Case> cases;
   for (const std::string& v : kernels::AttentionVariants())
@@ -224,8 +254,15 @@ TEST(AttentionArgsTest, RefusesBadArguments) {
   EXPECT_FALSE(kernels::CanImplementAttention(a, "no_such_version"));
   EXPECT_EQ(kernels::LaunchAttention(a, "no_such_version", nullptr, nullptr),
             cudaErrorInvalidValue);
-  a.head_dim = 80;
+  a.head_dim = 84;  // not a multiple of 8
   EXPECT_FALSE(kernels::CanImplementAttention(a, "flash_mma"));
+  a.head_dim = 264;
+  EXPECT_FALSE(kernels::CanImplementAttention(a, "flash_mma"));
+  EXPECT_TRUE(kernels::CanImplementAttention(a, "reference"));
+  a.head_dim = 80;
+  EXPECT_TRUE(kernels::CanImplementAttention(a, "flash_mma"));
+  EXPECT_EQ(kernels::AttentionVariantName(a, "flash_mma"), "flash_mma");
+  EXPECT_FALSE(kernels::AttentionVariantName(a, "").empty());
 }
 
 }  // namespace

@@ -30,10 +30,10 @@ inline bool HaveGpu() {
   return have;
 }
 
-#define GC_REQUIRE_GPU()                                                   \
-  do {                                                                     \
-    if (!::gpucompute::testing::HaveGpu())                                 \
-      GTEST_SKIP() << "no CUDA device present: GPU kernel test skipped";   \
+#define GC_REQUIRE_GPU()                                                 \
+  do {                                                                   \
+    if (!::gpucompute::testing::HaveGpu())                               \
+      GTEST_SKIP() << "no CUDA device present: GPU kernel test skipped"; \
   } while (0)
 
 // Fails the test (returning from the enclosing void function) unless `expr`,
@@ -46,9 +46,12 @@ inline bool HaveGpu() {
 
 // Host value <-> storage of each dtype.
 inline void StoreHost(void* p, size_t i, DType t, double v) {
-  if (t == DType::kF32) static_cast<float*>(p)[i] = float(v);
-  else if (t == DType::kF16) static_cast<__half*>(p)[i] = __float2half(float(v));
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(float(v));
+  if (t == DType::kF32)
+    static_cast<float*>(p)[i] = float(v);
+  else if (t == DType::kF16)
+    static_cast<__half*>(p)[i] = __float2half(float(v));
+  else
+    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(float(v));
 }
 inline double LoadHost(const void* p, size_t i, DType t) {
   if (t == DType::kF32) return static_cast<const float*>(p)[i];
@@ -88,8 +91,12 @@ class DeviceArray {
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
   void* get() const { return static_cast<uint8_t*>(base_) + offset_; }
+  // Whether the allocation succeeded.
+  bool ok() const { return base_ != nullptr; }
   template <typename T>
-  T* as() const { return reinterpret_cast<T*>(get()); }
+  T* as() const {
+    return reinterpret_cast<T*>(get());
+  }
   size_t bytes() const { return bytes_; }
   void Upload(const void* src) { cudaMemcpy(get(), src, bytes_, cudaMemcpyHostToDevice); }
   void Download(void* dst) const { cudaMemcpy(dst, get(), bytes_, cudaMemcpyDeviceToHost); }
@@ -115,15 +122,15 @@ inline ::testing::AssertionResult AllClose(const void* got, DType t, const std::
   std::string msg;
   for (size_t i = 0; i < ref.size(); ++i) {
     double g = LoadHost(got, i, t);
-    bool ok = (std::isnan(ref[i]) && std::isnan(g)) ||
-              (std::isinf(ref[i]) && g == ref[i]) ||
+    bool ok = (std::isnan(ref[i]) && std::isnan(g)) || (std::isinf(ref[i]) && g == ref[i]) ||
               std::fabs(g - ref[i]) <= atol + rtol * std::fabs(ref[i]);
     if (!ok && bad++ < 5)
       msg += " [" + std::to_string(i) + "] got " + std::to_string(g) + " want " +
              std::to_string(ref[i]) + ";";
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << ref.size() << " out of tolerance:" << msg;
+  return ::testing::AssertionFailure()
+         << bad << " of " << ref.size() << " out of tolerance:" << msg;
 }
 
 }  // namespace gpucompute::testing

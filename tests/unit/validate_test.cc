@@ -539,15 +539,18 @@ TEST(ParseAttentionTest, GroupedQueryShapesAndDefaultScale) {
 }
 
 TEST(ParseAttentionTest, EverySupportedHeadDim) {
-  for (int64_t d : {32, 64, 96, 128, 256}) {
+  for (int64_t d : {8, 32, 40, 64, 96, 128, 200, 256}) {
     EXPECT_TRUE(ParseAttention(Attention({1, 1, 3, d}, {1, 1, 5, d})).ok()) << d;
   }
 }
 
 TEST(ParseAttentionTest, RejectsUnsupportedHeadDimListingTheSupportedOnes) {
-  absl::StatusOr<AttentionSpec> spec = ParseAttention(Attention({1, 1, 3, 48}, {1, 1, 5, 48}));
-  ExpectError(spec, StatusCode::kInvalidArgument, "q.shape[3]");
-  EXPECT_TRUE(absl::StrContains(spec.status().message(), "32, 64, 96, 128, 256")) << spec.status();
+  for (int64_t d : {1, 60, 100, 264}) {
+    absl::StatusOr<AttentionSpec> spec = ParseAttention(Attention({1, 1, 3, d}, {1, 1, 5, d}));
+    ExpectError(spec, StatusCode::kInvalidArgument, "q.shape[3]");
+    EXPECT_TRUE(absl::StrContains(spec.status().message(), "8, 16, 24, 32, 40")) << spec.status();
+    EXPECT_TRUE(absl::StrContains(spec.status().message(), "248, 256")) << spec.status();
+  }
   Limits limits;
   limits.head_dims = {64, 128};
   ExpectError(ParseAttention(Attention({1, 1, 3, 32}, {1, 1, 5, 32}), limits),

@@ -860,6 +860,11 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     variant = "reference";
   }
   const size_t q_row = size_t(qn * d) * es, kv_row = size_t(skv * d) * es;
+  // O in another dtype than the inputs': the kernels write fp32 (into the
+  // result when it is fp32 and lives here), converted on the device after.
+  const bool o_f32 = out_t != in_t;
+  const size_t o_es = o_f32 ? 4 : es;
+  std::vector<std::string> ran;  // the versions that ran, in piece order
   for (const Piece& p : pieces) {
     if (skv <= 0) {  // no query row sees a key: zeros, and -inf LSE
       const std::string zeros(size_t(qn * d) * eo, '\0');
@@ -923,12 +928,14 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
       args.v = v;
     }
     // O (and the LSE) straight into the result when the piece is all of it,
-    // it lives here and no dtype changes.
-    void* o_in_place = all_q && in_t == out_t ? scope.InPlace(o_out, 0) : nullptr;
+    // it lives here and the kernel writes its dtype.
+    args.out_f32 = o_f32;
+    const bool o_direct = !o_f32 || out_t == DType::kFloat32;
+    void* o_in_place = all_q && o_direct ? scope.InPlace(o_out, 0) : nullptr;
     if (o_in_place != nullptr) {
       args.o = o_in_place;
     } else {
-      ASSIGN_OR_RETURN(args.o, scope.Alloc(q_bytes));
+      ASSIGN_OR_RETURN(args.o, scope.Alloc(size_t(p.nb * p.nh * qn * d) * o_es));
     }
     float* lse_in_place = nullptr;
     if (lse_out) {
@@ -947,18 +954,21 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     if (ws_bytes) {
       ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
     }
+    const std::string name(k::AttentionVariantName(args, variant));
+    if (ran.empty() || ran.back() != name) ran.push_back(name);
     RETURN_IF_ERROR(scope.BeginKernels());
     RETURN_IF_ERROR(scope.EndKernels(k::LaunchAttention(args, variant, ws, scope.stream()),
                                      "attention launch"));
+    const size_t o_row = size_t(qn * d) * o_es;  // one head's rows as the kernel wrote them
     for (int64_t b = p.b0; b < p.b0 + p.nb; ++b) {
       const int64_t i = b - p.b0;
       const int64_t row0 = (b * hq + p.h0) * s.seq_q + q_rows.begin;
-      const void* o_src = Ptr(args.o, i * p.nh * int64_t(q_row));
-      if (o_in_place == nullptr && in_t == out_t) {
+      const void* o_src = Ptr(args.o, i * p.nh * int64_t(o_row));
+      if (o_in_place == nullptr && o_direct) {
         RETURN_IF_ERROR(scope.CopyOut(o_out, row0 * d * int64_t(eo), size_t(s.seq_q * d) * eo,
-                                      o_src, size_t(p.nh), q_row));
+                                      o_src, size_t(p.nh), o_row));
       } else if (o_in_place == nullptr) {
-        RETURN_IF_ERROR(ConvertOut(scope, o_src, in_t, out_t, p.nh * qn * d, o_out,
+        RETURN_IF_ERROR(ConvertOut(scope, o_src, DType::kFloat32, out_t, p.nh * qn * d, o_out,
                                    row0 * d * int64_t(eo), size_t(p.nh), size_t(s.seq_q * d) * eo));
       }
       if (lse_out && lse_in_place == nullptr) {
@@ -968,7 +978,8 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     }
     RETURN_IF_ERROR(scope.AddKernelTime());
   }
-  return scope.Run(variant);
+  if (ran.empty()) return scope.Run(variant.empty() ? "no_keys" : variant);
+  return scope.Run(absl::StrJoin(ran, "+"));
 }
 
 }  // namespace gpucompute::cuda

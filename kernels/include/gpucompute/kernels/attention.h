@@ -9,6 +9,7 @@
 //   K [batch, heads_kv, seq_kv, head_dim]   dense, row-major
 //   V [batch, heads_kv, seq_kv, head_dim]   dense, row-major
 //   O [batch, heads_q,  seq_q,  head_dim]   dense, row-major, dtype of the inputs
+//                                           (fp32 with out_f32)
 //   lse (optional) [batch, heads_q, seq_q] float: natural-log log-sum-exp of the
 //       scaled, masked logits of each row.
 //
@@ -16,7 +17,9 @@
 // attention: query head h reads key/value head h / (heads_q / heads_kv)).
 // The causal mask is aligned to the bottom-right corner: query i sees key j iff
 // j <= i + seq_kv - seq_q. A row that sees no key yields O = 0 and lse = -inf.
-// fp32 inputs are converted on load; every version accumulates in fp32.
+// fp32 inputs are converted on load; every version accumulates in fp32. The
+// flash versions take head_dim a multiple of 8 up to 256 (their tiles are 64,
+// 128 or 256 wide, zero past head_dim); the reference takes any.
 #ifndef GPUCOMPUTE_KERNELS_ATTENTION_H_
 #define GPUCOMPUTE_KERNELS_ATTENTION_H_
 
@@ -47,16 +50,22 @@ struct AttentionArgs {
   int64_t head_dim = 0;
   DType dtype = DType::kBF16;
   bool causal = false;
-  float scale = 0.f;  // <= 0 means 1 / sqrt(head_dim)
+  float scale = 0.f;     // <= 0 means 1 / sqrt(head_dim)
+  bool out_f32 = false;  // O written as fp32 instead of the input dtype
 };
 
 // Every version, by its stable lower-case name, in ladder order:
-// "reference", "flash_mma", "flash_wgmma", "flash_wgmma_pipelined".
+// "reference", "flash_mma", "flash_wgmma", "flash_wgmma_pipelined",
+// "flash_wgmma_pingpong".
 const std::vector<std::string>& AttentionVariants();
 
 // Whether `variant` (empty: the fastest version for these arguments) can run
 // these arguments; the reason when not (shape, dtype, head_dim, alignment).
 Support CanImplementAttention(const AttentionArgs& args, std::string_view variant);
+
+// The version that runs for `variant`: itself when named, else the one the
+// default picks for these arguments (heuristics/attention_heuristics.h).
+std::string_view AttentionVariantName(const AttentionArgs& args, std::string_view variant);
 
 // Scratch bytes `variant` needs for these arguments (0 when none). The
 // reference needs batch * heads_q * seq_q * seq_kv floats for S; the flash

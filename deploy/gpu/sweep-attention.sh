@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Attention on a GPU machine, from the bundle that deploy/gpu/make-bundle.sh
+# makes (this script travels in its bin/):
+#   1. the attention kernel tests (float64 references, every version, head
+#      dims 8-256, fp32 output, rows that see no key);
+#   2. gc_sweep_attention: every case through the server's default path,
+#      every flash version forced, sampled rows checked against float64;
+#   3. attention_vendor.py: PyTorch SDPA's cuDNN and FlashAttention-2 backends
+#      on the same shapes, the markdown table and the summary by class.
+# Logs, sweep-attention.json (ours), sweep-attention-merged.json and
+# sweep-attention.md go to $OUT; the summary is printed last. SKIP_TESTS=1
+# leaves out part 1; SWEEP_ARGS passes flags to gc_sweep_attention (e.g.
+# --filter=decode, --no-variants).
+set -u
+bundle=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/gpucompute-sweep}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+status=0
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  t=kernels_attention_test
+  if "$bundle/bin/$t" --gtest_brief=1 >"$OUT/$t.log" 2>&1; then
+    echo "$t: passed"
+  else
+    echo "$t: FAILED"; grep -E '^\[  FAILED  \]|Failure|error' "$OUT/$t.log" | head -20
+    status=1
+  fi
+  tail -3 "$OUT/$t.log"
+fi
+"$bundle/bin/gc_sweep_attention" --json="$OUT/sweep-attention.json" ${SWEEP_ARGS:-} \
+  >"$OUT/sweep-attention.txt" 2>"$OUT/sweep-attention.err" || status=1
+grep -E 'WRONG|error|INVALID|INTERNAL' "$OUT/sweep-attention.err" | head -20
+tail -1 "$OUT/sweep-attention.txt"
+python3 "$bundle/bin/attention_vendor.py" "$OUT/sweep-attention.json" \
+  --out "$OUT/sweep-attention-merged.json" --md "$OUT/sweep-attention.md" \
+  >"$OUT/summary.txt" 2>"$OUT/vendor.err" || status=1
+tail -5 "$OUT/vendor.err"
+cat "$OUT/summary.txt"
+exit $status
