@@ -41,7 +41,7 @@
 //                 faster of cuDNN and FA2; kernels/bench/results/
 //                 sweep-attention.md): every head dim that is a multiple of 8
 //                 up to 256 on tiles 64, 128, 192 or 256 wide (D96 was the
-//                 fp32 reference at 20 ms; now 0.99x the time of D128), a
+//                 fp32 reference at 20 ms; now 0.97-1.00x the time of D128), a
 //                 persistent grid for short tiles (S128 squares 0.60-0.78x
 //                 the time), split-KV when the tiles leave SMs idle (chunked
 //                 prefill Sq128: 0.53-0.65x -> 1.51-1.67x the vendor): the
@@ -59,8 +59,8 @@
 //                 other's product: 0.91-1.02x the speed of flash_wgmma in the
 //                 sweep, a tie on most shapes. Kept as a measured rung; the
 //                 overlap inside a warpgroup is missing.
-// Best version against the floor: 578 TFLOP/s at d 128 is 58% of the ~990
-// TFLOP/s dense bf16 peak (cuDNN 608-678 on the same shapes); decode streams
+// Best version against the floor: 576 TFLOP/s at d 128 is 58% of the ~990
+// TFLOP/s dense bf16 peak (cuDNN 605-685 on the same shapes); decode streams
 // K/V at 4.2 TB/s, the copy ceiling.
 #include "gpucompute/kernels/attention.h"
 
@@ -417,9 +417,8 @@ cudaError_t LaunchWgmma(const AttentionArgs& a, const AttnParams& p, cudaStream_
     if (kd == 192)
       return a.causal ? LaunchWgmmaTile<M, 192, true, kSched, 2>(a, p, stream)
                       : LaunchWgmmaTile<M, 192, false, kSched, 2>(a, p, stream);
-    // One consumer: nothing to take turns with.
-    return a.causal ? LaunchWgmmaTile<M, 256, true, kSchedInOrder, 1>(a, p, stream)
-                    : LaunchWgmmaTile<M, 256, false, kSchedInOrder, 1>(a, p, stream);
+    return a.causal ? LaunchWgmmaTile<M, 256, true, kSched, 2, 32>(a, p, stream)
+                    : LaunchWgmmaTile<M, 256, false, kSched, 2, 32>(a, p, stream);
   }
   return cudaErrorInvalidValue;  // CheckVariant refuses it
 }
@@ -438,12 +437,10 @@ struct WgmmaPlan {
 WgmmaPlan PlanWgmma(const AttentionArgs& a, bool pipelined) {
   WgmmaPlan pl;
   pl.kd = WgmmaHeadDim(a.head_dim);
-  const int consumers = pl.kd == 256 ? 1
-                        : (pl.kd == 64 && !pipelined && WgmmaConsumers(AttentionShapeOf(a)) == 3)
-                            ? 3
-                            : 2;
+  const int consumers =
+      (pl.kd == 64 && !pipelined && WgmmaConsumers(AttentionShapeOf(a)) == 3) ? 3 : 2;
   pl.br = 64 * consumers;
-  pl.bc = pl.kd == 128 && pipelined ? 96 : (pl.kd > 128 ? 64 : 128);
+  pl.bc = pl.kd == 128 && pipelined ? 96 : (pl.kd == 256 ? 32 : (pl.kd > 128 ? 64 : 128));
   const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q;
   const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
   const int64_t splits = WgmmaKeySplits(tiles, key_blocks, SmCount());

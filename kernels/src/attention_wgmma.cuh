@@ -25,8 +25,10 @@
 // columns past it. Q K^T runs over the whole padded width (a runtime bound on
 // its k steps cost the d128 kernel 128 bytes of spills and serialised
 // wgmmas), P V too, and the columns past D are never stored. kD = 192 takes
-// 64-key tiles (O and S fit the 168 registers of two consumers); kD = 256
-// runs one consumer warpgroup (two spilled 4.5 KB).
+// 64-key tiles and kD = 256 32-key tiles, so that O and S fit the 168
+// registers of two consumers (64-key tiles at kD = 256 spilled 4.5 KB; one
+// consumer warpgroup instead ran 0.54-0.61x cuDNN, two on 32-key tiles
+// 0.62-0.64x).
 //
 // Shared layouts: every tile is stored as kD / 64 column panels of
 // (rows x 64) elements, 128 bytes per row, 1024-byte aligned, swizzled by TMA
@@ -55,7 +57,8 @@ struct WgmmaTile {
   static constexpr int kD = kD_;
   static constexpr int kConsumers = kConsumers_;         // consumer warpgroups, 64 rows each
   static constexpr int kBr = 64 * kConsumers;            // query tile (BLOCK_M)
-  static constexpr int kBc = kBc_ ? kBc_ : (kD > 128 ? 64 : 128);  // key tile (BLOCK_N)
+  static constexpr int kBc =  // key tile (BLOCK_N)
+      kBc_ ? kBc_ : (kD == 256 ? 32 : (kD > 128 ? 64 : 128));
   static constexpr int kStages = kD == 64 ? 4 : 2;       // K/V ring depth
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kPanels = kD / 64;                // 128-byte column panels
@@ -78,15 +81,35 @@ struct WgmmaTile {
   static_assert(kConsumers >= 1 && kConsumers <= 3, "one to three consumer warpgroups");
   // ptxas compiles the consumers under the launch's cap (65536 / kThreads
   // registers), whatever setmaxnreg grants them later: a padded head dim of
-  // 256 (128 accumulator registers for O alone) takes one consumer (measured:
-  // two spill 4.5 KB and serialise the wgmmas).
-  static_assert(kD < 256 || kConsumers == 1, "head_dim 256 runs one consumer warpgroup");
+  // 256 (128 accumulator registers for O alone) takes one consumer or 32-key
+  // tiles (two consumers on 64-key tiles spilled 4.5 KB and serialised the
+  // wgmmas).
+  static_assert(kD < 256 || kConsumers == 1 || kBc <= 32,
+                "head_dim 256 runs one consumer warpgroup or 32-key tiles");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "register budget of one block per SM");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
 };
 
-// S (+)= A B^T with A and B both K-major in shared memory, N = 64.
+// S (+)= A B^T with A and B both K-major in shared memory, N = 32.
+template <typename M>
+__device__ __forceinline__ void WgmmaSS32(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                          int scale_d) {
+#define GC_ATTN_SS32(TYPES)                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" GC_WGMMA_OP("m64n32k16", TYPES, \
+                                                                         GC_WGMMA_D16)   \
+               "%16, %17, p, 1, 1, 0, 0;\n}\n"                                           \
+               : GC_WGMMA_ACC16(d)                                                       \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+  if constexpr (std::is_same_v<M, __half>) {
+    GC_ATTN_SS32("f16.f16");
+  } else {
+    GC_ATTN_SS32("bf16.bf16");
+  }
+#undef GC_ATTN_SS32
+}
+
+// The same with N = 64.
 template <typename M>
 __device__ __forceinline__ void WgmmaSS64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                           int scale_d) {
@@ -230,7 +253,9 @@ __device__ __forceinline__ void WgmmaPV(float (&d)[kD / 2], const uint32_t (&a)[
 template <typename M, int kBc>
 __device__ __forceinline__ void WgmmaQK(float (&d)[kBc / 2], uint64_t desc_a, uint64_t desc_b,
                                         int scale_d) {
-  if constexpr (kBc == 64) {
+  if constexpr (kBc == 32) {
+    WgmmaSS32<M>(d, desc_a, desc_b, scale_d);
+  } else if constexpr (kBc == 64) {
     WgmmaSS64<M>(d, desc_a, desc_b, scale_d);
   } else if constexpr (kBc == 96) {
     WgmmaSS96<M>(d, desc_a, desc_b, scale_d);

@@ -153,10 +153,15 @@ std::vector<BadCase> Cases() {
   attention("attention_rank_3", "q.shape", [](auto& r) {
     *r.mutable_q() = RandomTensor(v1::FLOAT16, {2, 3, 64}, Rng());
   });
-  attention("attention_head_dim_48", "q.shape", [](auto& r) {
-    *r.mutable_q() = RandomTensor(v1::FLOAT16, {1, 2, 3, 48}, Rng());
-    *r.mutable_k() = RandomTensor(v1::FLOAT16, {1, 1, 5, 48}, Rng());
-    *r.mutable_v() = RandomTensor(v1::FLOAT16, {1, 1, 5, 48}, Rng());
+  attention("attention_head_dim_60", "q.shape", [](auto& r) {  // not a multiple of 8
+    *r.mutable_q() = RandomTensor(v1::FLOAT16, {1, 2, 3, 60}, Rng());
+    *r.mutable_k() = RandomTensor(v1::FLOAT16, {1, 1, 5, 60}, Rng());
+    *r.mutable_v() = RandomTensor(v1::FLOAT16, {1, 1, 5, 60}, Rng());
+  });
+  attention("attention_head_dim_264", "q.shape", [](auto& r) {  // past 256
+    *r.mutable_q() = RandomTensor(v1::FLOAT16, {1, 2, 3, 264}, Rng());
+    *r.mutable_k() = RandomTensor(v1::FLOAT16, {1, 1, 5, 264}, Rng());
+    *r.mutable_v() = RandomTensor(v1::FLOAT16, {1, 1, 5, 264}, Rng());
   });
   attention("attention_hq_not_multiple", "q.shape", [](auto& r) {
     *r.mutable_q() = RandomTensor(v1::FLOAT16, {1, 3, 3, 64}, Rng());

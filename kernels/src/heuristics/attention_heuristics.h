@@ -10,17 +10,17 @@
 // ladder benchmark (kernels/bench/results/attention.md). Final run, each
 // version forced, x the faster vendor:
 //   - flash_wgmma (TMA, wgmma, producer + consumer warpgroups, split-KV) is
-//     the fastest from 128 query rows: squares 0.70-0.98x, head dims
-//     0.54-0.92x, causal chunked prefill with Sq 128-2048 1.52-1.71x, where
-//     flash_mma reaches 0.51-0.70x; flash_wgmma_pingpong is 0.91-1.02x its
+//     the fastest from 128 query rows: squares 0.70-0.96x, head dims
+//     0.62-0.92x, causal chunked prefill with Sq 128-2048 1.52-1.70x, where
+//     flash_mma reaches 0.51-0.70x; flash_wgmma_pingpong is 0.92-1.02x its
 //     speed;
 //   - flash_mma packs the query heads of one kv head into its tile rows and
-//     splits the keys over blocks: decode 0.93-0.97x at Sq 1 (the HBM floor)
-//     and 2.4-5.0x at Sq 4-16 with grouped heads, where flash_wgmma reaches
+//     splits the keys over blocks: decode 0.92-0.97x at Sq 1 (the HBM floor)
+//     and 2.4-5.1x at Sq 4-16 with grouped heads, where flash_wgmma reaches
 //     0.18-0.91x and 1.03-1.42x; the only version for fp32 inputs on the
 //     tensor cores;
 //   - head dims run the tile of the next of 64, 128, 192 (flash_wgmma) or 256
-//     wide, zero-filled past D: D96 costs 0.95-0.99x the time of D128.
+//     wide, zero-filled past D: D96 costs 0.97-1.00x the time of D128.
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 
