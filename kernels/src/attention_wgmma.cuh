@@ -46,12 +46,13 @@
 
 namespace gpucompute::kernels::attention {
 
-// kBc_ = 0: the key tile by head dim (128; 64 at 256).
 // How each consumer warpgroup orders its products (one rung each):
 inline constexpr int kSchedInOrder = 0;    // flash_wgmma
 inline constexpr int kSchedPipelined = 1;  // flash_wgmma_pipelined: softmax of n under P V of n - 1
 inline constexpr int kSchedPingPong = 2;   // flash_wgmma_pingpong: Q K^T issued in turns
 
+// The tile of a padded head dim kD_; kBc_ = 0 takes the key tile by head dim
+// (128; 64 at 192; 32 at 256).
 template <int kD_, int kConsumers_, int kBc_ = 0>
 struct WgmmaTile {
   static constexpr int kD = kD_;
