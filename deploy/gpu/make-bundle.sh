@@ -3,6 +3,11 @@
 # CLI and the integration tests with every non-system library into one folder
 # that runs on the GPU machines (Ubuntu 24.04, newer glibc; no gRPC there).
 #   deploy/gpu/make-bundle.sh [OUT_DIR]   (default .gpu-server, git-ignored)
+# Compressed whole it is ~75 MB, past the 64 MB a device run carries: carry
+# lib/ and the bin/ files the run uses, e.g. for the attention sweep
+#   tar czf .gpu-carry/bundle.tgz .gpu-server/lib .gpu-server/bin/{gpucompute-server,\
+#     gpucompute,integration_test,gc_sweep_attention,kernels_attention_test,\
+#     sweep-attention.sh,attention_vendor.py}
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-.gpu-server}"
