@@ -94,12 +94,12 @@ struct TransposeSpec {
   OpOptions options;
 };
 
-// O = softmax(scale * Q K^T + mask) V with Q [B, Hq, Sq, D], K and V
-// [B, Hkv, Skv, D], Hq % Hkv == 0, causal mask aligned bottom-right.
 // Attention head dims both backends implement: every multiple of 8 from 8
 // to 256, ascending.
 std::vector<int64_t> AttentionHeadDims();
 
+// O = softmax(scale * Q K^T + mask) V with Q [B, Hq, Sq, D], K and V
+// [B, Hkv, Skv, D], Hq % Hkv == 0, causal mask aligned bottom-right.
 struct AttentionSpec {
   TensorView q, k, v;
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
