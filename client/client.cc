@@ -73,6 +73,21 @@ void Configure(const ClientOptions& options, const CallOptions& call, grpc::Clie
   Configure(options, call, DeadlineOf(options, call), ctx);
 }
 
+// Unless the call waits for readiness anyway: waits until `channel` has a
+// connection, for at most options.connect_timeout and half the call's
+// timeout. Without it, one failed connection attempt (gRPC then backs off
+// before the next) fails every call started in the meantime, however briefly
+// the server was out of reach.
+void AwaitConnection(grpc::Channel* channel, const ClientOptions& options,
+                     const CallOptions& call) {
+  if (call.wait_for_ready || options.connect_timeout <= absl::ZeroDuration()) return;
+  if (channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) return;
+  const absl::Duration timeout =
+      call.timeout > absl::ZeroDuration() ? call.timeout : options.default_timeout;
+  const absl::Duration wait = std::min(options.connect_timeout, timeout / 2);
+  channel->WaitForConnected(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(wait));
+}
+
 // Most streams of one transfer (each is a thread of the caller's).
 constexpr int kMaxStreams = 64;
 // Room in a transfer message for the fields beside its chunk of data (the
@@ -331,12 +346,15 @@ std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> StartDownload(
                                                                     wire::Serialize(request)));
 }
 
-// One unary call on `stub` through the member function `method`.
+// One unary call on `stub`, a stub of `channel`, through the member function
+// `method`.
 template <typename Stub, typename Request, typename Response>
-absl::StatusOr<Response> Unary(const ClientOptions& options, const CallOptions& call, Stub& stub,
+absl::StatusOr<Response> Unary(const ClientOptions& options, const CallOptions& call,
+                               grpc::Channel* channel, Stub& stub,
                                grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
                                                             Response*),
                                const Request& request) {
+  AwaitConnection(channel, options, call);
   grpc::ClientContext ctx;
   Configure(options, call, ctx);
   ctx.AddMetadata(kRequestBytesMetadataKey, absl::StrCat(request.ByteSizeLong()));
@@ -474,6 +492,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.retry_buffer_bytes < 0) {
     return absl::InvalidArgumentError("retry_buffer_bytes: negative");
   }
+  if (options.connect_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("connect_timeout: negative");
+  }
   if (options.keepalive_time <= absl::ZeroDuration() ||
       options.keepalive_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("keepalive_time, keepalive_timeout: must be positive");
@@ -507,6 +528,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
               static_cast<int>(std::min<int64_t>(
                   absl::ToInt64Milliseconds(options.keepalive_timeout), INT_MAX)));
+  // A failed connection attempt is tried again after 100 ms (gRPC's default
+  // is 1 s), growing 1.6x with jitter up to 5 s (gRPC's: 120 s), so that a
+  // server that was briefly out of reach or restarted is found again soon.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 5000);
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
 
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -608,7 +634,7 @@ absl::StatusOr<Response> Client::RunOp(const Request& request, const CallOptions
     }
   }
   if (options_.offload_min_bytes <= 0 || inline_bytes < options_.offload_min_bytes || balanced_) {
-    return Unary(options_, call, *stub_, method, request);
+    return Unary(options_, call, channel_.get(), *stub_, method, request);
   }
   const absl::Duration timeout =
       call.timeout == absl::ZeroDuration() ? options_.default_timeout : call.timeout;
@@ -643,7 +669,7 @@ absl::StatusOr<Response> Client::RunOp(const Request& request, const CallOptions
       if (absl::IsDeadlineExceeded(info.status()) || absl::IsCancelled(info.status())) {
         return info.status();
       }
-      return Unary(options_, Remaining(deadline, call), *stub_, method, request);
+      return Unary(options_, Remaining(deadline, call), channel_.get(), *stub_, method, request);
     }
     handles.push_back(info->handle());
     v1::Tensor* operand = MutableTensorAt(&shell, f);
@@ -654,7 +680,7 @@ absl::StatusOr<Response> Client::RunOp(const Request& request, const CallOptions
   const bool keep = shell.options().keep_output();
   shell.mutable_options()->set_keep_output(true);
   absl::StatusOr<Response> response =
-      Unary(options_, Remaining(deadline, call), *stub_, method, shell);
+      Unary(options_, Remaining(deadline, call), channel_.get(), *stub_, method, shell);
   if (!response.ok()) {
     free_all();
     return response.status();
@@ -711,19 +737,20 @@ absl::StatusOr<v1::AttentionResponse> Client::Attention(const v1::AttentionReque
 
 absl::StatusOr<v1::EchoResponse> Client::Echo(const v1::EchoRequest& request,
                                               const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::Echo, request);
+  return Unary(options_, call, channel_.get(), *stub_, &v1::Compute::Stub::Echo, request);
 }
 
 absl::StatusOr<v1::ServerInfoResponse> Client::GetServerInfo(const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::GetServerInfo, v1::ServerInfoRequest());
+  return Unary(options_, call, channel_.get(), *stub_, &v1::Compute::Stub::GetServerInfo,
+               v1::ServerInfoRequest());
 }
 
 absl::StatusOr<ServingStatus> Client::Health(const std::string& service,
                                              const CallOptions& call) const {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
-  auto response =
-      Unary(options_, call, *health_stub_, &grpc::health::v1::Health::Stub::Check, request);
+  auto response = Unary(options_, call, channel_.get(), *health_stub_,
+                        &grpc::health::v1::Health::Stub::Check, request);
   if (!response.ok()) return response.status();
   return response->status();
 }
@@ -803,9 +830,10 @@ absl::StatusOr<v1::TensorInfo> Client::UploadImpl(v1::DType dtype,
         part_header.set_part_begin(parts[i].begin);
         part_header.set_part_end(parts[i].end);
       }
-      absl::Status status =
-          SendUpload(TransferChannel(static_cast<int>(i)), group.context(i), part_header, parts[i],
-                     chunk_bytes, source, direct_token, responses[i]);
+      grpc::Channel* channel = TransferChannel(static_cast<int>(i));
+      AwaitConnection(channel, options_, call);
+      absl::Status status = SendUpload(channel, group.context(i), part_header, parts[i],
+                                       chunk_bytes, source, direct_token, responses[i]);
       if (!status.ok()) group.Fail(std::move(status));
     });
     upload_status = group.error();
@@ -845,6 +873,7 @@ absl::StatusOr<v1::TensorInfo> Client::DownloadWith(
   request.set_handle(handle);
   request.set_chunk_bytes(chunk_bytes);
   grpc::ClientContext& first_ctx = group.context(0);
+  AwaitConnection(TransferChannel(0), options_, call);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> first =
       StartDownload(TransferChannel(0), first_ctx, request);
   DownloadChunk first_chunk;
@@ -886,8 +915,10 @@ absl::StatusOr<v1::TensorInfo> Client::DownloadWith(
       part_request.set_offset(parts[i].begin);
       part_request.set_length(parts[i].size());
       grpc::ClientContext& ctx = group.context(i);
+      grpc::Channel* channel = TransferChannel(static_cast<int>(i));
+      AwaitConnection(channel, options_, call);
       std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader =
-          StartDownload(TransferChannel(static_cast<int>(i)), ctx, part_request);
+          StartDownload(channel, ctx, part_request);
       DownloadChunk chunk;
       const v1::DownloadResponse& message = chunk.message;
       absl::Status read_error;
@@ -972,11 +1003,12 @@ absl::StatusOr<v1::FreeResponse> Client::Free(const std::vector<std::string>& ha
                                               const CallOptions& call) const {
   v1::FreeRequest request;
   for (const std::string& handle : handles) request.add_handles(handle);
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::Free, request);
+  return Unary(options_, call, channel_.get(), *stub_, &v1::Compute::Stub::Free, request);
 }
 
 absl::StatusOr<v1::ListTensorsResponse> Client::ListTensors(const CallOptions& call) const {
-  return Unary(options_, call, *stub_, &v1::Compute::Stub::ListTensors, v1::ListTensorsRequest());
+  return Unary(options_, call, channel_.get(), *stub_, &v1::Compute::Stub::ListTensors,
+               v1::ListTensorsRequest());
 }
 
 absl::StatusOr<std::vector<BatchItem>> Client::Batch(const std::vector<v1::BatchRequest>& requests,
@@ -1032,11 +1064,14 @@ absl::StatusOr<std::vector<BatchItem>> Client::Batch(
     Stream& st = *all[s];
     Configure(options_, call, st.ctx);
     v1::Compute::Stub* stub = stub_.get();
+    grpc::Channel* channel = channel_.get();
     if (s > 0) {
+      channel = TransferChannel(s - 1);
       st.stub = v1::Compute::NewStub(
-          std::shared_ptr<grpc::ChannelInterface>(std::shared_ptr<void>(), TransferChannel(s - 1)));
+          std::shared_ptr<grpc::ChannelInterface>(std::shared_ptr<void>(), channel));
       stub = st.stub.get();
     }
+    AwaitConnection(channel, options_, call);
     st.rw = stub->Batch(&st.ctx);
   }
   auto cancel_all = [&] {

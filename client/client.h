@@ -76,6 +76,14 @@ struct ClientOptions {
   // reached a replica may leave a result there that its lease frees.
   int max_attempts = 4;
   int64_t retry_buffer_bytes = int64_t{64} << 20;
+  // A call made while its connection is not up (the first call, or one after
+  // the server went away) waits up to this long, and at most half its own
+  // timeout, for a connection before it is sent; one that still has none then
+  // fails at once with UNAVAILABLE. A failed connection attempt is repeated
+  // after 100 ms, growing to 5 s. Zero: calls fail at once while gRPC backs
+  // off after a failed attempt, even when the server is up again. Calls with
+  // CallOptions::wait_for_ready wait for their deadline instead.
+  absl::Duration connect_timeout = absl::Seconds(1);
   // HTTP/2 keepalive pings while calls are open, so that a replica that
   // vanished without closing its connections (a node lost) is noticed within
   // keepalive_time + keepalive_timeout; the server accepts pings every 10 s.

@@ -23,6 +23,9 @@ ABSL_FLAG(int, max_attempts, gpucompute::ClientOptions().max_attempts,
           "Attempts of an idempotent call that a replica could not answer (down or draining); "
           "1 = no retries.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of each call, e.g. 30s, 500ms.");
+ABSL_FLAG(absl::Duration, connect_timeout, gpucompute::ClientOptions().connect_timeout,
+          "How long a call waits for a connection that is not up (at most half its --timeout) "
+          "before it fails with UNAVAILABLE; 0: fail at once.");
 ABSL_FLAG(bool, tls, false, "Connect with TLS.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM file of root certificates (default: the system's).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate chain, for mutual TLS.");
@@ -62,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Client>> MakeClient() {
   options.lb_policy = absl::GetFlag(FLAGS_lb_policy);
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.default_timeout = absl::GetFlag(FLAGS_timeout);
+  options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.use_tls = absl::GetFlag(FLAGS_tls);
   options.root_certs_path = absl::GetFlag(FLAGS_tls_ca);

@@ -51,7 +51,7 @@ resident tensors (kept on the server, owned by --session):
 common flags:
   --server=localhost:50051 (replicas: --server=10.0.0.1:50051,10.0.0.2:50051 or dns:///name:port)
   --lb_policy=round_robin|pick_first --max_attempts=4 (idempotent calls retried when a replica is down)
-  --timeout=60s --tls --tls_ca --tls_cert --tls_key (mutual TLS) --tls_server_name
+  --timeout=60s --connect_timeout=1s --tls --tls_ca --tls_cert --tls_key (mutual TLS) --tls_server_name
   --token_file (or --token): bearer token for a server started with --token_file
   --session (owner of resident tensors) --streams=4 (parallel streams of transfers >= 64 MiB)
   --offload_min_bytes=67108864 (operands this large go as resident tensors, parallel streams)

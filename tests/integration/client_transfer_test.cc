@@ -3,6 +3,11 @@
 // connections, with which session, and what the client makes of a server
 // that breaks the protocol. (resident_test.cc runs them against the real
 // server.)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -538,6 +544,117 @@ TEST_F(ClientTransferTest, CreateRejectsBadTransferOptions) {
   EXPECT_EQ(code({.parallel_min_bytes = -1}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({.session = "line\nbreak"}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({.session = "alice-1"}), absl::StatusCode::kOk);
+}
+
+// A loopback port that nobody listens on (unless someone takes it meanwhile).
+int UnusedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Calls made while the server is not yet listening: with connect_timeout
+// they wait out the refused connection attempts and reach the server once it
+// is up; without it they fail at once. Upload (over parallel streams, each on
+// a connection of its own) and Free are never retried, so the wait is all
+// that saves them.
+TEST(ClientConnectTest, CallsWaitForAServerThatComesUpLate) {
+  const int port = UnusedPort();
+  ASSERT_NE(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  ClientOptions impatient{.target = address, .connect_timeout = absl::ZeroDuration()};
+  auto early = Client::Create(impatient);
+  ASSERT_TRUE(early.ok()) << early.status();
+  const std::string data(3 * kTransferAlignment, 'x');
+  const std::vector<int64_t> shape = {3 * kTransferAlignment / 4};
+  EXPECT_EQ((*early)->Upload(v1::FLOAT32, shape, data.data()).status().code(),
+            absl::StatusCode::kUnavailable);
+
+  ResidentStandIn service;
+  std::unique_ptr<grpc::Server> server;
+  std::thread starter([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+  });
+  ClientOptions patient{.target = address,
+                        .connect_timeout = absl::Seconds(20),
+                        .session = "alice",
+                        .streams = 3,
+                        .chunk_bytes = 1000,
+                        .parallel_min_bytes = 0};
+  auto client = Client::Create(patient);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto free_client = Client::Create(patient);
+  ASSERT_TRUE(free_client.ok()) << free_client.status();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::TensorInfo> info;
+  absl::Status freed;
+  std::thread free_thread([&] { freed = (*free_client)->Free({"nothing"}).status(); });
+  info = (*client)->Upload(v1::FLOAT32, shape, data.data());
+  free_thread.join();
+  starter.join();
+  ASSERT_NE(server, nullptr) << "could not listen on " << address;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->bytes(), 3 * kTransferAlignment);
+  EXPECT_EQ(service.uploads().size(), 3u);  // one per stream
+  // The stand-in answers NOT_FOUND for a handle it does not hold: the call
+  // reached it.
+  EXPECT_EQ(freed.code(), absl::StatusCode::kNotFound) << freed;
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+// Nobody listening: a call fails with UNAVAILABLE once connect_timeout has
+// passed, long before its deadline; and never waits more than half its
+// timeout, so that what it reports is the connection, not the deadline.
+TEST(ClientConnectTest, NobodyListeningIsUnavailableAfterTheConnectTimeout) {
+  const int port = UnusedPort();
+  ASSERT_NE(port, 0);
+  auto client = Client::Create({.target = absl::StrCat("127.0.0.1:", port),
+                                .default_timeout = absl::Seconds(30),
+                                .max_attempts = 1,
+                                .connect_timeout = absl::Milliseconds(400)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::Time start = absl::Now();
+  EXPECT_EQ((*client)->GetServerInfo().status().code(), absl::StatusCode::kUnavailable);
+  absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(350));
+  EXPECT_LT(took, absl::Seconds(10));
+
+  start = absl::Now();
+  const std::string data(400, 'x');
+  EXPECT_EQ((*client)->Upload(v1::FLOAT32, {100}, data.data()).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+
+  auto halved = Client::Create({.target = absl::StrCat("127.0.0.1:", port),
+                                .max_attempts = 1,
+                                .connect_timeout = absl::Seconds(30)});
+  ASSERT_TRUE(halved.ok()) << halved.status();
+  start = absl::Now();
+  EXPECT_EQ((*halved)->GetServerInfo({.timeout = absl::Seconds(2)}).status().code(),
+            absl::StatusCode::kUnavailable);
+  took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(900));
+  EXPECT_LT(took, absl::Seconds(2));
+}
+
+TEST(ClientConnectTest, CreateRejectsANegativeConnectTimeout) {
+  EXPECT_EQ(Client::Create({.connect_timeout = absl::Seconds(-1)}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
 import os
 import secrets
+import threading
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -74,6 +76,7 @@ class Settings:
     retries: bool = True
     bfloat16: str = "auto"
     channel_options: Sequence[Tuple[str, Any]] = ()
+    connect_timeout: float = 1.0
 
     def check(self) -> None:
         """INVALID_ARGUMENT for inconsistent settings (as the C++ Client::Create); NOT_FOUND
@@ -104,6 +107,8 @@ class Settings:
             raise invalid("bfloat16", f"{self.bfloat16!r} is not auto, bits or ml_dtypes")
         if self.keepalive_seconds < 0:
             raise invalid("keepalive_seconds", "negative")
+        if not self.connect_timeout >= 0:
+            raise invalid("connect_timeout", "negative")
 
     def balanced(self) -> bool:
         """Whether calls are spread over several servers (round_robin): then a resident tensor
@@ -121,6 +126,10 @@ class Settings:
             ("grpc.max_send_message_length", limit),
             ("grpc.max_receive_message_length", limit),
             ("grpc.enable_retries", 1 if self.retries else 0),
+            # A failed connection attempt is repeated after 100 ms (gRPC's default: 1 s),
+            # growing 1.6x with jitter up to 5 s (gRPC's: 120 s), as in the C++ client.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 5000),
         ]
         if self.retries:
             args.append(("grpc.service_config", service_config()))
@@ -179,6 +188,16 @@ class Settings:
             raise invalid("timeout", f"{timeout} is not positive (math.inf: no deadline)")
         return None if math.isinf(timeout) else float(timeout)
 
+    def connect_wait(self, remaining: Optional[float], wait_for_ready: bool) -> float:
+        """Seconds a call with `remaining` seconds before its deadline (None: no deadline) may
+        wait for a connection before it is sent: connect_timeout, at most half of what
+        remains; 0 for a call that waits for readiness anyway (gRPC's wait_for_ready)."""
+        if wait_for_ready or self.connect_timeout <= 0:
+            return 0.0
+        if remaining is None:
+            return self.connect_timeout
+        return min(self.connect_timeout, remaining / 2)
+
     def transfer(self, streams: Optional[int], chunk_bytes: Optional[int]) -> Tuple[int, int]:
         """The streams and chunk size of one transfer: the overrides or the client's (one
         stream over several servers: the parts of one tensor must reach the same one), the
@@ -192,6 +211,47 @@ class Settings:
         if self.balanced():
             s = 1
         return s, min(c, max(1, self.max_message_bytes - MESSAGE_OVERHEAD))
+
+
+class ConnectionWatch:
+    """The connectivity of one blocking grpc.Channel, followed through a subscription.
+
+    Without it, one failed connection attempt fails every call started while gRPC backs off
+    before the next attempt, however briefly the server was out of reach; calls that are not
+    retried (Upload, Free, Batch) would report UNAVAILABLE for a server that is up."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._channel = channel
+        self._ready = threading.Event()
+        channel.subscribe(self._update, try_to_connect=False)
+
+    def _update(self, state: grpc.ChannelConnectivity) -> None:
+        if state == grpc.ChannelConnectivity.READY:
+            self._ready.set()
+        else:
+            self._ready.clear()
+
+    def wait(self, seconds: float) -> None:
+        """Returns at once while the channel is connected or when `seconds` is 0; else asks it
+        to connect and waits up to `seconds` for it to be (the call then goes either way)."""
+        if seconds <= 0 or self._ready.is_set():
+            return
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=seconds)
+        except grpc.FutureTimeoutError:
+            pass
+
+
+async def wait_connected(channel: Any, seconds: float) -> None:
+    """As ConnectionWatch.wait, for a grpc.aio.Channel."""
+    if seconds <= 0:
+        return
+    if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+        return
+    try:
+        await asyncio.wait_for(channel.channel_ready(), seconds)
+    except asyncio.TimeoutError:
+        pass
 
 
 def _read(path: str, what: str) -> bytes:

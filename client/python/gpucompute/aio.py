@@ -25,7 +25,7 @@ import numpy as np
 from gpucompute import _offload, _transfer, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
-from gpucompute._channel import SERVICE, Deadline, Settings, split_transfer
+from gpucompute._channel import SERVICE, Deadline, Settings, split_transfer, wait_connected
 from gpucompute._tensors import Operand, invalid, operand
 from gpucompute.client import (HandleLike, TensorList, finish, handle_of, health_request,
                                health_status)
@@ -49,7 +49,8 @@ class Client(Operations):
                  parallel_min_bytes: int = 64 << 20, offload_min_bytes: int = 64 << 20,
                  keepalive_seconds: float = 300.0, retries: bool = True,
                  bfloat16: str = "auto",
-                 channel_options: Sequence[Tuple[str, Any]] = ()) -> None:
+                 channel_options: Sequence[Tuple[str, Any]] = (),
+                 connect_timeout: float = 1.0) -> None:
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
             lb_policy=lb_policy, use_tls=use_tls, root_certs_path=root_certs_path,
@@ -58,7 +59,8 @@ class Client(Operations):
             token=token, token_file=token_file, streams=streams, chunk_bytes=chunk_bytes,
             parallel_min_bytes=parallel_min_bytes, offload_min_bytes=offload_min_bytes,
             keepalive_seconds=keepalive_seconds,
-            retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options))
+            retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options),
+            connect_timeout=connect_timeout)
         self._settings.check()
         self._credentials = self._settings.credentials()
         self._settings.metadata()
@@ -80,15 +82,27 @@ class Client(Operations):
         cached = self._methods.get((kind, name, channel))
         if cached is not None:
             return cached
-        ch = self._channel
-        if channel is not None:
-            while len(self._transfer_channels) <= channel:
-                self._transfer_channels.append(self._new_channel(len(self._transfer_channels)))
-            ch = self._transfer_channels[channel]
         path = name if name.startswith("/") else f"/{SERVICE}/{name}"
-        made = getattr(ch, kind)(path)
+        made = getattr(self._channel_at(channel), kind)(path)
         self._methods[(kind, name, channel)] = made
         return made
+
+    async def _await_connection(self, channel: Optional[int], remaining: Optional[float],
+                                wait_for_ready: bool) -> None:
+        """As gpucompute.Client's: waits, as connect_timeout says, until the main channel
+        (None) or transfer channel `channel` has a connection."""
+        seconds = self._settings.connect_wait(remaining, wait_for_ready)
+        if seconds <= 0:
+            return
+        await wait_connected(self._channel_at(channel), seconds)
+
+    def _channel_at(self, channel: Optional[int]) -> grpc.aio.Channel:
+        """The main channel (None) or transfer channel `channel`, made on first use."""
+        if channel is None:
+            return self._channel
+        while len(self._transfer_channels) <= channel:
+            self._transfer_channels.append(self._new_channel(len(self._transfer_channels)))
+        return self._transfer_channels[channel]
 
     async def _unary(self, name: str, payload: bytes, timeout: Optional[float],
                      wait_for_ready: bool) -> bytes:
@@ -98,6 +112,7 @@ class Client(Operations):
     async def _unary_until(self, name: str, payload: bytes, deadline: Deadline,
                            wait_for_ready: bool) -> bytes:
         call = self._method("unary_unary", name)
+        await self._await_connection(None, deadline.remaining(), wait_for_ready)
         try:
             return await call(payload, timeout=deadline.remaining(),
                               metadata=self._settings.unary_metadata(payload),
@@ -205,6 +220,7 @@ class Client(Operations):
                     yield m
 
             call = self._method("stream_unary", "Upload", i)
+            await self._await_connection(i, deadline.remaining(), wait_for_ready)
             return await call(messages(), timeout=deadline.remaining(), metadata=metadata,
                               wait_for_ready=wait_for_ready)
 
@@ -226,6 +242,7 @@ class Client(Operations):
                         wait_for_ready: bool) -> np.ndarray:
         n_streams, chunk = self._settings.transfer(streams, chunk_bytes)
         kwargs = dict(metadata=self._settings.metadata(), wait_for_ready=wait_for_ready)
+        await self._await_connection(0, deadline.remaining(), wait_for_ready)
         first = self._method("unary_stream", "Download", 0)(
             _transfer.download_request(h, 0, 0, chunk), timeout=deadline.remaining(), **kwargs)
         try:
@@ -265,6 +282,7 @@ class Client(Operations):
 
         async def receive_part(i: int) -> None:
             begin, end = parts[i]
+            await self._await_connection(i, deadline.remaining(), wait_for_ready)
             call = self._method("unary_stream", "Download", i)(
                 _transfer.download_request(h, begin, end - begin, chunk),
                 timeout=deadline.remaining(), **kwargs)
@@ -312,6 +330,7 @@ class Client(Operations):
             raise invalid("max_outstanding", f"{max_outstanding} < 1")
         tracker = Tracker(self._settings.bfloat16)
         room = asyncio.Semaphore(max_outstanding)
+        await self._await_connection(None, self._settings.timeout(timeout), wait_for_ready)
         call = self._method("stream_stream", "Batch")(
             timeout=self._settings.timeout(timeout), metadata=self._settings.metadata(),
             wait_for_ready=wait_for_ready)

@@ -12,7 +12,8 @@ import numpy as np
 from gpucompute import _offload, _transfer, _wire, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
-from gpucompute._channel import SERVICE, Deadline, Settings, split_transfer
+from gpucompute._channel import (SERVICE, ConnectionWatch, Deadline, Settings,
+                                 split_transfer)
 from gpucompute._tensors import Operand, invalid, operand
 from gpucompute.errors import ComputeError
 from gpucompute.ops import ArrayLike, Resident
@@ -105,6 +106,12 @@ class Client(Operations):
       bfloat16: bfloat16 results as 'ml_dtypes' (ml_dtypes.bfloat16 arrays), 'bits' (uint16)
         or 'auto' (ml_dtypes when installed).
       channel_options: extra gRPC channel arguments, (name, value) pairs.
+      connect_timeout: seconds a call made while its connection is not up (the first call,
+        or one after the server went away) waits for one, at most half its own timeout,
+        before it is sent; one that still has none then fails at once with UNAVAILABLE. A
+        failed connection attempt is repeated after 0.1 s, growing to 5 s. 0: calls fail at
+        once while gRPC backs off after a failed attempt, even when the server is up again.
+        Calls with wait_for_ready wait for their deadline instead.
     Errors: ComputeError(INVALID_ARGUMENT) for inconsistent options, NOT_FOUND for a TLS or
     token file that cannot be read.
     """
@@ -118,7 +125,8 @@ class Client(Operations):
                  parallel_min_bytes: int = 64 << 20, offload_min_bytes: int = 64 << 20,
                  keepalive_seconds: float = 300.0, retries: bool = True,
                  bfloat16: str = "auto",
-                 channel_options: Sequence[Tuple[str, Any]] = ()) -> None:
+                 channel_options: Sequence[Tuple[str, Any]] = (),
+                 connect_timeout: float = 1.0) -> None:
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
             lb_policy=lb_policy, use_tls=use_tls, root_certs_path=root_certs_path,
@@ -127,7 +135,8 @@ class Client(Operations):
             token=token, token_file=token_file, streams=streams, chunk_bytes=chunk_bytes,
             parallel_min_bytes=parallel_min_bytes, offload_min_bytes=offload_min_bytes,
             keepalive_seconds=keepalive_seconds,
-            retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options))
+            retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options),
+            connect_timeout=connect_timeout)
         self._settings.check()
         self._credentials = self._settings.credentials()
         self._settings.metadata()  # a token file that cannot be read fails here
@@ -135,6 +144,8 @@ class Client(Operations):
         self._methods: dict = {}
         self._lock = threading.Lock()
         self._transfer_channels: List[grpc.Channel] = []
+        # ConnectionWatch by channel (None: the main one), made on first use.
+        self._watches: Dict[Optional[int], ConnectionWatch] = {}
 
     @property
     def settings(self) -> Settings:
@@ -153,16 +164,32 @@ class Client(Operations):
             cached = self._methods.get((kind, name, channel))
             if cached is not None:
                 return cached
-            ch = self._channel
-            if channel is not None:
-                while len(self._transfer_channels) <= channel:
-                    self._transfer_channels.append(
-                        self._new_channel(len(self._transfer_channels)))
-                ch = self._transfer_channels[channel]
             path = name if name.startswith("/") else f"/{SERVICE}/{name}"
-            made = getattr(ch, kind)(path)
+            made = getattr(self._channel_at(channel), kind)(path)
             self._methods[(kind, name, channel)] = made
             return made
+
+    def _channel_at(self, channel: Optional[int]) -> grpc.Channel:
+        """The main channel (None) or transfer channel `channel`, made on first use. Called
+        with self._lock held."""
+        if channel is None:
+            return self._channel
+        while len(self._transfer_channels) <= channel:
+            self._transfer_channels.append(self._new_channel(len(self._transfer_channels)))
+        return self._transfer_channels[channel]
+
+    def _await_connection(self, channel: Optional[int], remaining: Optional[float],
+                          wait_for_ready: bool) -> None:
+        """Waits, as connect_timeout says, until the main channel (None) or transfer channel
+        `channel` has a connection; `remaining`: seconds before the call's deadline."""
+        seconds = self._settings.connect_wait(remaining, wait_for_ready)
+        if seconds <= 0:
+            return
+        with self._lock:
+            watch = self._watches.get(channel)
+            if watch is None:
+                watch = self._watches[channel] = ConnectionWatch(self._channel_at(channel))
+        watch.wait(seconds)
 
     def _call_kwargs(self, timeout: Optional[float], wait_for_ready: bool) -> dict:
         return dict(timeout=self._settings.timeout(timeout), metadata=self._settings.metadata(),
@@ -171,6 +198,7 @@ class Client(Operations):
     def _unary(self, name: str, payload: bytes, timeout: Optional[float],
                wait_for_ready: bool) -> bytes:
         call = self._method("unary_unary", name)
+        self._await_connection(None, self._settings.timeout(timeout), wait_for_ready)
         try:
             return call(payload, timeout=self._settings.timeout(timeout),
                         metadata=self._settings.unary_metadata(payload),
@@ -181,6 +209,7 @@ class Client(Operations):
     def _unary_until(self, name: str, payload: bytes, deadline: Deadline,
                      wait_for_ready: bool) -> bytes:
         call = self._method("unary_unary", name)
+        self._await_connection(None, deadline.remaining(), wait_for_ready)
         try:
             return call(payload, timeout=deadline.remaining(),
                         metadata=self._settings.unary_metadata(payload),
@@ -284,6 +313,7 @@ class Client(Operations):
         group = _Group()
         for i, part in enumerate(parts):
             call = self._method("stream_unary", "Upload", i)
+            self._await_connection(i, deadline.remaining(), wait_for_ready)
             future = call.future(_transfer.upload_messages(headers[i], data, part, chunk),
                                  timeout=deadline.remaining(), metadata=metadata,
                                  wait_for_ready=wait_for_ready)
@@ -314,6 +344,7 @@ class Client(Operations):
         calls: List[Any] = []
         group = _Group()
 
+        self._await_connection(0, deadline.remaining(), wait_for_ready)
         first = self._method("unary_stream", "Download", 0)(
             _transfer.download_request(h, 0, 0, chunk), timeout=deadline.remaining(), **kwargs)
         calls.append(first)
@@ -351,6 +382,7 @@ class Client(Operations):
 
         def receive_part(i: int) -> None:
             begin, end = parts[i]
+            self._await_connection(i, deadline.remaining(), wait_for_ready)
             call = self._method("unary_stream", "Download", i)(
                 _transfer.download_request(h, begin, end - begin, chunk),
                 timeout=deadline.remaining(), **kwargs)
@@ -421,6 +453,7 @@ class Client(Operations):
                 stop.set()
                 call.cancel()
 
+        self._await_connection(None, self._settings.timeout(timeout), wait_for_ready)
         call = self._method("stream_stream", "Batch")(
             messages(), **self._call_kwargs(timeout, wait_for_ready))
         try:
