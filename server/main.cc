@@ -104,6 +104,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: every client must present a certificate that chains to them "
           "(mutual TLS; needs --tls_cert); its common name identifies the client");
+ABSL_FLAG(absl::Duration, tls_reload_interval, kDefaults.tls_reload_interval,
+          "with --tls_cert: read the certificate, key and client CA files again this often "
+          "(new connections use them; a rotation needs no restart); 0 = once at start");
 ABSL_FLAG(std::string, token_file, "",
           "bearer tokens, one per line, each optionally followed by the identity it "
           "authenticates: every call needs \"authorization: Bearer <token>\" metadata (needs "
@@ -162,6 +165,7 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.tls_cert_path = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key_path = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca_path = absl::GetFlag(FLAGS_tls_client_ca);
+  options.tls_reload_interval = absl::GetFlag(FLAGS_tls_reload_interval);
   options.token_file = absl::GetFlag(FLAGS_token_file);
   options.auth_exempt_health = absl::GetFlag(FLAGS_auth_exempt_health);
   return options;

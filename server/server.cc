@@ -1,11 +1,17 @@
 #include "server/server.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <fstream>
+#include <limits>
+#include <memory>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -16,6 +22,8 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server_builder.h"
 #include "server/backends.h"
 #include "server/common/status_macros.h"
@@ -101,6 +109,13 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "--tls_client_ca: mutual TLS needs TLS (--tls_cert and --tls_key)");
   }
+  if (options.tls_reload_interval < absl::ZeroDuration() ||
+      (options.tls_reload_interval > absl::ZeroDuration() &&
+       options.tls_reload_interval < absl::Seconds(1))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_reload_interval: expected 0 (never) or at least 1s but got ",
+                     absl::FormatDuration(options.tls_reload_interval)));
+  }
   if (options.tls_cert_path.empty() && !options.token_file.empty()) {
     return absl::InvalidArgumentError(
         "--token_file: bearer tokens are accepted over TLS only (--tls_cert and --tls_key)");
@@ -118,24 +133,69 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
   return contents.str();
 }
 
+// OK when `key_pem` is the private key of the first certificate of
+// `cert_pem`; INVALID_ARGUMENT naming the flags otherwise (a handshake
+// would fail on every connection).
+absl::Status CheckKeyMatchesCertificate(const std::string& cert_pem, const std::string& key_pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> cert_bio(
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> key_bio(
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), BIO_free);
+  if (cert_bio == nullptr || key_bio == nullptr) return absl::ResourceExhaustedError("BIO_new");
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), X509_free);
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError("--tls_cert: no PEM certificate in the file");
+  }
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr), EVP_PKEY_free);
+  if (key == nullptr) {
+    return absl::InvalidArgumentError("--tls_key: no unencrypted PEM private key in the file");
+  }
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError("--tls_key: not the private key of --tls_cert");
+  }
+  return absl::OkStatus();
+}
+
 // The gRPC port's credentials: plaintext, TLS, or mutual TLS (client
 // certificates required and verified), with `authenticator` checking every
-// call's token when given.
+// call's token when given. With a reload interval the files are watched by
+// gRPC's FileWatcherCertificateProvider, which reads them again at that
+// interval and keeps the last ones that loaded.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
     const ServerOptions& options, std::shared_ptr<TokenAuthenticator> authenticator) {
   if (options.tls_cert_path.empty()) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions ssl(
-      options.tls_client_ca_path.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(options.tls_cert_path, "tls_cert"));
-  ASSIGN_OR_RETURN(pair.private_key, ReadPem(options.tls_key_path, "tls_key"));
-  ssl.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!options.tls_client_ca_path.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(options.tls_client_ca_path, "tls_client_ca"));
+  const bool mutual = !options.tls_client_ca_path.empty();
+  std::string cert_pem, key_pem, client_ca_pem;
+  ASSIGN_OR_RETURN(cert_pem, ReadPem(options.tls_cert_path, "tls_cert"));
+  ASSIGN_OR_RETURN(key_pem, ReadPem(options.tls_key_path, "tls_key"));
+  RETURN_IF_ERROR(CheckKeyMatchesCertificate(cert_pem, key_pem));
+  if (mutual) {
+    ASSIGN_OR_RETURN(client_ca_pem, ReadPem(options.tls_client_ca_path, "tls_client_ca"));
   }
-  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(ssl);
+  const grpc_ssl_client_certificate_request_type request_type =
+      mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (options.tls_reload_interval > absl::ZeroDuration()) {
+    const int64_t seconds = std::min<int64_t>(absl::ToInt64Seconds(options.tls_reload_interval),
+                                              std::numeric_limits<int>::max());
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        options.tls_key_path, options.tls_cert_path, options.tls_client_ca_path,
+        static_cast<unsigned int>(seconds));
+    grpc::experimental::TlsServerCredentialsOptions tls(provider);
+    tls.watch_identity_key_cert_pairs();
+    if (mutual) tls.watch_root_certs();
+    tls.set_cert_request_type(request_type);
+    credentials = grpc::experimental::TlsServerCredentials(tls);
+  } else {
+    grpc::SslServerCredentialsOptions ssl(request_type);
+    ssl.pem_key_cert_pairs.push_back({std::move(key_pem), std::move(cert_pem)});
+    ssl.pem_root_certs = std::move(client_ca_pem);
+    credentials = grpc::SslServerCredentials(ssl);
+  }
   if (authenticator != nullptr) credentials->SetAuthMetadataProcessor(std::move(authenticator));
   return credentials;
 }
@@ -206,18 +266,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& opts = server->options_;
+  server->metrics_ = std::make_unique<Metrics>();
   if (!opts.token_file.empty()) {
+    Metrics* metrics = server->metrics_.get();
+    TokenAuthenticator::Events events;
+    events.refused = [metrics](absl::string_view reason) { metrics->AuthRefused(reason); };
+    events.reloaded = [metrics](bool ok, size_t tokens) { metrics->TokensReloaded(ok, tokens); };
     absl::StatusOr<std::shared_ptr<TokenAuthenticator>> authenticator =
-        TokenAuthenticator::Create(opts.token_file, opts.auth_exempt_health);
+        TokenAuthenticator::Create(opts.token_file, opts.auth_exempt_health, std::move(events));
     if (!authenticator.ok()) {
       return absl::Status(authenticator.status().code(),
                           absl::StrCat("--token_file: ", authenticator.status().message()));
     }
     server->authenticator_ = *std::move(authenticator);
+    metrics->EnableTokenMetrics(server->authenticator_->size());
   }
   ASSIGN_OR_RETURN(server->credentials_, Credentials(opts, server->authenticator_));
 
-  server->metrics_ = std::make_unique<Metrics>();
   std::vector<DeviceDescription> descriptions;
   for (const auto& device : devices.devices) descriptions.push_back(device->description());
   server->metrics_->SetDevices(descriptions);

@@ -96,6 +96,12 @@ struct ServerOptions {
   // must chain to. Set, every client must present a certificate that
   // verifies (mutual TLS), and its common name identifies the client.
   std::string tls_client_ca_path;
+  // With TLS: the certificate, key and client CA files are read again this
+  // often, and new handshakes use what they then hold (a rotation that
+  // replaces the files, as Kubernetes does with a Secret, needs no restart;
+  // files that do not load, or a key that is not the certificate's, keep the
+  // previous ones). Zero: read once at start.
+  absl::Duration tls_reload_interval = absl::Seconds(30);
   // With TLS: bearer tokens (format in server/service/auth.h). Set, every
   // call needs "authorization: Bearer <token>" metadata naming one of them,
   // and the token's identity owns the call's resident tensors. Read again on
@@ -168,7 +174,8 @@ class Server {
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<ComputeService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
-  // The gRPC port's credentials (TLS read from the files at Create) and
+  // The gRPC port's credentials (TLS files read at Create, and again every
+  // tls_reload_interval when set) and
   // the token check they run, if any.
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   std::shared_ptr<TokenAuthenticator> authenticator_;

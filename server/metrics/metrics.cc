@@ -286,6 +286,47 @@ void Metrics::SetDeviceRefresh(std::function<std::vector<DeviceState>()> refresh
   refresh_ = std::move(refresh);
 }
 
+void Metrics::EnableTokenMetrics(size_t tokens) {
+  auto& refused = prometheus::BuildCounter()
+                      .Name("gpucompute_auth_refused_total")
+                      .Help(
+                          "Calls refused UNAUTHENTICATED before any handler, by reason: "
+                          "missing (no authorization metadata), malformed (not \"Bearer "
+                          "<token>\"), invalid (unknown or revoked token).")
+                      .Register(*registry_);
+  auth_missing_ = &refused.Add({{"reason", "missing"}});
+  auth_malformed_ = &refused.Add({{"reason", "malformed"}});
+  auth_invalid_ = &refused.Add({{"reason", "invalid"}});
+  auto& reloads = prometheus::BuildCounter()
+                      .Name("gpucompute_token_reloads_total")
+                      .Help(
+                          "Readings of --token_file after the first (SIGHUP or a change), by "
+                          "result: ok, or error (the tokens in force stay).")
+                      .Register(*registry_);
+  token_reloads_ok_ = &reloads.Add({{"result", "ok"}});
+  token_reloads_error_ = &reloads.Add({{"result", "error"}});
+  bearer_tokens_ = &prometheus::BuildGauge()
+                        .Name("gpucompute_bearer_tokens")
+                        .Help("Bearer tokens in force (--token_file).")
+                        .Register(*registry_)
+                        .Add({});
+  bearer_tokens_->Set(static_cast<double>(tokens));
+}
+
+void Metrics::AuthRefused(absl::string_view reason) {
+  prometheus::Counter* counter = reason == "missing"     ? auth_missing_
+                                 : reason == "malformed" ? auth_malformed_
+                                 : reason == "invalid"   ? auth_invalid_
+                                                         : nullptr;
+  if (counter != nullptr) counter->Increment();
+}
+
+void Metrics::TokensReloaded(bool ok, size_t tokens) {
+  if (bearer_tokens_ == nullptr) return;
+  (ok ? token_reloads_ok_ : token_reloads_error_)->Increment();
+  bearer_tokens_->Set(static_cast<double>(tokens));
+}
+
 void Metrics::SetExpirationsSource(std::function<int64_t()> expirations) {
   absl::MutexLock lock(&refresh_mu_);
   expirations_source_ = std::move(expirations);

@@ -160,6 +160,17 @@ class Metrics final : public ShardObserver {
   // `expirations` (monotonic) into gpucompute_resident_expirations_total.
   void SetExpirationsSource(std::function<int64_t()> expirations);
 
+  // Bearer-token metrics, for a server with a token file: creates
+  // gpucompute_auth_refused_total{reason} (missing, malformed, invalid),
+  // gpucompute_token_reloads_total{result} (ok, error) and
+  // gpucompute_bearer_tokens (set to `tokens`). Call once, before serving;
+  // without it the two calls below do nothing.
+  void EnableTokenMetrics(size_t tokens);
+  // A call refused for its token; `reason` as above (others are ignored).
+  void AuthRefused(absl::string_view reason);
+  // The token file was read again: `ok`, and the tokens now in force.
+  void TokensReloaded(bool ok, size_t tokens);
+
   // ShardObserver: kernel duration, bytes and FLOPs of one shard, and its
   // transfers (a direction's duration is observed only when it is > 0).
   void OnShard(OpKind op, DType dtype, const DeviceDescription& device,
@@ -226,6 +237,13 @@ class Metrics final : public ShardObserver {
   prometheus::Gauge* inflight_requests_;
   prometheus::Gauge* inflight_bytes_;
   prometheus::Gauge* queue_depth_;
+  // Set by EnableTokenMetrics before serving, read-only after.
+  prometheus::Counter* auth_missing_ = nullptr;
+  prometheus::Counter* auth_malformed_ = nullptr;
+  prometheus::Counter* auth_invalid_ = nullptr;
+  prometheus::Counter* token_reloads_ok_ = nullptr;
+  prometheus::Counter* token_reloads_error_ = nullptr;
+  prometheus::Gauge* bearer_tokens_ = nullptr;
 
   // Series by label values, so that each is built once.
   mutable absl::Mutex mu_;

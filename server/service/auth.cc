@@ -89,9 +89,10 @@ std::optional<std::string> TokenSet::IdentityOf(absl::string_view token) const {
 }
 
 absl::StatusOr<std::shared_ptr<TokenAuthenticator>> TokenAuthenticator::Create(std::string path,
-                                                                               bool exempt_health) {
+                                                                               bool exempt_health,
+                                                                               Events events) {
   std::shared_ptr<TokenAuthenticator> authenticator(
-      new TokenAuthenticator(std::move(path), exempt_health));
+      new TokenAuthenticator(std::move(path), exempt_health, std::move(events)));
   FileStamp stamp;
   absl::StatusOr<std::shared_ptr<const TokenSet>> tokens = authenticator->Read(&stamp);
   if (!tokens.ok()) return tokens.status();
@@ -125,16 +126,28 @@ absl::StatusOr<std::shared_ptr<const TokenSet>> TokenAuthenticator::Read(FileSta
 absl::StatusOr<size_t> TokenAuthenticator::Reload() {
   FileStamp stamp;
   absl::StatusOr<std::shared_ptr<const TokenSet>> tokens = Read(&stamp);
-  absl::MutexLock lock(&mu_);
-  last_check_ = absl::Now();
-  if (!tokens.ok()) {
-    // Not retried on every call until the file changes again.
+  absl::StatusOr<size_t> result;
+  size_t in_force = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    last_check_ = absl::Now();
+    // A file that failed is not read again on every call until it changes.
     stamp_ = stamp;
-    return tokens.status();
+    if (tokens.ok()) {
+      tokens_ = *std::move(tokens);
+      result = tokens_->size();
+    } else {
+      result = tokens.status();
+    }
+    in_force = tokens_->size();
   }
-  tokens_ = *std::move(tokens);
-  stamp_ = stamp;
-  return tokens_->size();
+  if (events_.reloaded) events_.reloaded(result.ok(), in_force);
+  return result;
+}
+
+grpc::Status TokenAuthenticator::Refuse(absl::string_view reason, const char* message) const {
+  if (events_.refused) events_.refused(reason);
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, message);
 }
 
 size_t TokenAuthenticator::size() const {
@@ -180,15 +193,14 @@ grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata,
   }
   auto header = auth_metadata.find("authorization");
   if (header == auth_metadata.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing \"authorization: Bearer <token>\" metadata; this server "
-                        "requires a bearer token");
+    return Refuse("missing",
+                  "missing \"authorization: Bearer <token>\" metadata; this server "
+                  "requires a bearer token");
   }
   const std::string value = ToString(header->second);
   absl::string_view token = value;
   if (!absl::ConsumePrefix(&token, "Bearer ") && !absl::ConsumePrefix(&token, "bearer ")) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "authorization metadata: expected \"Bearer <token>\"");
+    return Refuse("malformed", "authorization metadata: expected \"Bearer <token>\"");
   }
   token = absl::StripAsciiWhitespace(token);
   ReloadIfChanged();
@@ -198,10 +210,7 @@ grpc::Status TokenAuthenticator::Process(const InputMetadata& auth_metadata,
     tokens = tokens_;
   }
   std::optional<std::string> identity = tokens->IdentityOf(token);
-  if (!identity) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the bearer token is not valid (unknown or revoked)");
-  }
+  if (!identity) return Refuse("invalid", "the bearer token is not valid (unknown or revoked)");
   context->AddProperty(kIdentityProperty, *identity);
   // Handlers never see the token.
   consumed_auth_metadata->insert({"authorization", value});

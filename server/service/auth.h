@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -67,11 +68,24 @@ class TokenSet {
 // they were.
 class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
  public:
+  // What the authenticator reports as it works (for the metrics); either may
+  // be empty. Called on gRPC's threads and on Reload()'s caller, without the
+  // authenticator's lock held; they must be thread-safe and quick.
+  struct Events {
+    // A call was refused: reason "missing" (no authorization metadata),
+    // "malformed" (not "Bearer <token>") or "invalid" (unknown or revoked).
+    std::function<void(absl::string_view reason)> refused;
+    // The file was read again: `ok` with `tokens` now in force, or it failed
+    // and the tokens in force (`tokens` of them) stay.
+    std::function<void(bool ok, size_t tokens)> reloaded;
+  };
+
   // Reads `path`. `exempt_health`: calls to grpc.health.v1.Health need no
   // token (probes). Errors: NOT_FOUND when the file cannot be read, the
   // parse errors of TokenSet::Parse; each names the file.
   static absl::StatusOr<std::shared_ptr<TokenAuthenticator>> Create(std::string path,
-                                                                    bool exempt_health);
+                                                                    bool exempt_health,
+                                                                    Events events = {});
   TokenAuthenticator(const TokenAuthenticator&) = delete;
   TokenAuthenticator& operator=(const TokenAuthenticator&) = delete;
 
@@ -100,8 +114,11 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
     }
   };
 
-  TokenAuthenticator(std::string path, bool exempt_health)
-      : path_(std::move(path)), exempt_health_(exempt_health) {}
+  TokenAuthenticator(std::string path, bool exempt_health, Events events)
+      : path_(std::move(path)), exempt_health_(exempt_health), events_(std::move(events)) {}
+
+  // Reports a refusal and returns UNAUTHENTICATED with `message`.
+  grpc::Status Refuse(absl::string_view reason, const char* message) const;
 
   // Reads and parses the file, with the stamp it had before the read.
   absl::StatusOr<std::shared_ptr<const TokenSet>> Read(FileStamp* stamp) const;
@@ -110,6 +127,7 @@ class TokenAuthenticator final : public grpc::AuthMetadataProcessor {
 
   const std::string path_;
   const bool exempt_health_;
+  const Events events_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const TokenSet> tokens_ ABSL_GUARDED_BY(mu_);
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);

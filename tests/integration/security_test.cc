@@ -2,8 +2,9 @@
 // client: certificates made with openssl at test time (a CA, a server
 // certificate for localhost and 127.0.0.1, client certificates, and a second
 // CA the server does not trust), refused connections and calls, identities
-// owning resident tensors, and the token file read again on SIGHUP and on
-// change.
+// owning resident tensors, the token file read again on SIGHUP and on change,
+// certificate files read again once replaced, and refusals and reloads in
+// the metrics.
 #include <signal.h>
 
 #include <chrono>
@@ -50,8 +51,9 @@ void WriteFile(const std::string& path, const std::string& contents) {
 // A throwaway PKI in a temporary directory: ca.pem (the CA the server
 // trusts), server.pem/key (localhost, 127.0.0.1), alice.pem/key and
 // bob.pem/key (client certificates from the CA, common names "alice-cert"
-// and "bob-cert"), rogue-ca.pem and mallory.pem/key (a CA nobody trusts and
-// a client certificate from it).
+// and "bob-cert"), rogue-ca.pem, mallory.pem/key (a CA nobody trusts and a
+// client certificate from it) and rogue-server.pem/key (a server certificate
+// for the same names from that CA).
 class Pki {
  public:
   // Empty on success, else what openssl said.
@@ -70,11 +72,12 @@ class Pki {
     }
     for (const auto& [name, ca, ext] :
          {std::tuple<const char*, const char*, const char*>{"server", "ca", "server.ext"},
+          {"rogue-server", "rogue-ca", "server.ext"},
           {"alice", "ca", "client.ext"},
           {"bob", "ca", "client.ext"},
           {"mallory", "rogue-ca", "client.ext"}}) {
       const std::string cn =
-          std::string(name) == "server" ? "localhost" : absl::StrCat(name, "-cert");
+          absl::EndsWith(name, "server") ? std::string("localhost") : absl::StrCat(name, "-cert");
       if (std::string error = Openssl(absl::StrCat("req ", ec, " -keyout ", name, ".key -out ",
                                                    name, ".csr -subj /CN=", cn));
           !error.empty()) {
@@ -350,6 +353,15 @@ TEST_F(SecurityTest, CallsWithoutAValidTokenAreUnauthenticated) {
   EXPECT_EQ(basic.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(absl::StrContains(basic.error_message(), "Bearer")) << basic.error_message();
 
+  // Each refusal counted by its reason: 4 calls without a token, 1 with an
+  // unknown one, 1 with another scheme; the tokens in force.
+  absl::StatusOr<std::string> scrape = HttpGet(server->metrics_port(), "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_EQ(MetricSum(*scrape, "gpucompute_auth_refused_total", {"reason=\"missing\""}), 4);
+  EXPECT_EQ(MetricSum(*scrape, "gpucompute_auth_refused_total", {"reason=\"invalid\""}), 1);
+  EXPECT_EQ(MetricSum(*scrape, "gpucompute_auth_refused_total", {"reason=\"malformed\""}), 1);
+  EXPECT_EQ(MetricSum(*scrape, "gpucompute_bearer_tokens"), 3);
+
   auto alice = NewClient(TlsOptions(*server, "", kAliceToken));
   ASSERT_NE(alice, nullptr);
   EXPECT_TRUE(GemmWorks(*alice));
@@ -474,6 +486,11 @@ TEST_F(SecurityTest, SighupReadsTheTokenFileAgain) {
   EXPECT_TRUE(absl::StrContains(server->Log(), "line 1")) << server->Log();
   EXPECT_TRUE(newcomer->GetServerInfo().ok());
   EXPECT_EQ(alice->GetServerInfo().status().code(), absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<std::string> scrape = HttpGet(server->metrics_port(), "/metrics");
+  ASSERT_TRUE(scrape.ok()) << scrape.status();
+  EXPECT_GE(MetricSum(*scrape, "gpucompute_token_reloads_total", {"result=\"ok\""}), 1);
+  EXPECT_EQ(MetricSum(*scrape, "gpucompute_token_reloads_total", {"result=\"error\""}), 1);
+  EXPECT_EQ(MetricSum(*scrape, "gpucompute_bearer_tokens"), 2);
   // The server survived the signals.
   EXPECT_EQ(server->Wait(absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -500,6 +517,49 @@ TEST_F(SecurityTest, AChangedTokenFileIsReadWithoutASignal) {
   EXPECT_TRUE(absl::StrContains(server->Log(), "changed: 1 tokens")) << server->Log();
 }
 
+// The certificate and key files replaced while the server runs (as a
+// Secret's rotation does): new connections get the new certificate within
+// --tls_reload_interval, and no restart is needed.
+TEST_F(SecurityTest, ReplacedCertificatesServeNewConnections) {
+  auto copy = [&](const std::string& from, const std::string& to) {
+    std::ifstream in(Pem(from), std::ios::binary);
+    WriteFile(dir_.File(to), std::string(std::istreambuf_iterator<char>(in), {}));
+  };
+  copy("server.pem", "live.pem");
+  copy("server.key", "live.key");
+  auto started =
+      ServerProcess::Start({"--tls_cert=" + dir_.File("live.pem"),
+                            "--tls_key=" + dir_.File("live.key"), "--tls_reload_interval=1s"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  ServerProcess& server = **started;
+  auto trusting = [&](const std::string& ca) {
+    ClientOptions options = TlsOptions(server);
+    options.root_certs_path = Pem(ca);
+    options.default_timeout = absl::Seconds(5);
+    return NewClient(options);
+  };
+  auto before = trusting("ca.pem");
+  ASSERT_NE(before, nullptr);
+  EXPECT_TRUE(GemmWorks(*before));
+  EXPECT_EQ(trusting("rogue-ca.pem")->GetServerInfo().status().code(),
+            absl::StatusCode::kUnavailable);
+
+  // The key first, then the certificate: a reading in between finds a pair
+  // that does not match and keeps the old one.
+  copy("rogue-server.key", "live.key");
+  copy("rogue-server.pem", "live.pem");
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  bool rotated = false;
+  while (!rotated && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+    rotated = trusting("rogue-ca.pem")->GetServerInfo().ok();
+  }
+  ASSERT_TRUE(rotated) << "the new certificate was not served within 15 s\n" << server.Log();
+  auto after = trusting("rogue-ca.pem");
+  EXPECT_TRUE(GemmWorks(*after));
+  EXPECT_EQ(trusting("ca.pem")->GetServerInfo().status().code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(SecurityTest, InconsistentSecurityFlagsStopTheServer) {
   struct Case {
     std::vector<std::string> args;
@@ -511,6 +571,11 @@ TEST_F(SecurityTest, InconsistentSecurityFlagsStopTheServer) {
       {{"--tls_client_ca=" + Pem("ca.pem")}, "--tls_client_ca"},
       {{"--tls_cert=" + Pem("server.pem")}, "--tls_key"},
       {{"--tls_cert=" + Pem("server.pem"), "--tls_key=" + Pem("missing.key")}, "--tls_key"},
+      {{"--tls_cert=" + Pem("server.pem"), "--tls_key=" + Pem("alice.key")},
+       "--tls_key: not the private key of --tls_cert"},
+      {{"--tls_cert=" + Pem("server.pem"), "--tls_key=" + Pem("server.key"),
+        "--tls_reload_interval=500ms"},
+       "--tls_reload_interval"},
       {{"--tls_cert=" + Pem("server.pem"), "--tls_key=" + Pem("server.key"),
         "--token_file=" + dir_.File("bad-tokens")},
        "line 2"},

@@ -1,7 +1,12 @@
-// The token file's format.
+// The token file's format, and what the authenticator reports.
 #include "server/service/auth.h"
 
+#include <cstdio>
+#include <fstream>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -53,6 +58,48 @@ TEST(TokenSetTest, MalformedFilesNameTheLine) {
   EXPECT_FALSE(
       TokenSet::Parse(std::string("alice-0123456789abcdef ") + std::string(129, 'x')).ok());
   EXPECT_TRUE(TokenSet::Parse(std::string("alice-0123456789abcdef ") + std::string(128, 'x')).ok());
+}
+
+// Every refusal reports its reason, every reading after the first its result
+// and the tokens then in force.
+TEST(TokenAuthenticatorTest, EventsReportRefusalsAndReloads) {
+  const std::string path = ::testing::TempDir() + "auth_test_tokens";
+  auto write = [&](const std::string& contents) {
+    std::ofstream(path, std::ios::trunc) << contents;
+  };
+  write("alice-0123456789abcdef alice\n");
+  std::vector<std::string> reasons;
+  std::vector<std::pair<bool, size_t>> reloads;
+  TokenAuthenticator::Events events;
+  events.refused = [&](absl::string_view reason) { reasons.emplace_back(reason); };
+  events.reloaded = [&](bool ok, size_t tokens) { reloads.emplace_back(ok, tokens); };
+  auto authenticator = TokenAuthenticator::Create(path, /*exempt_health=*/true, events);
+  ASSERT_TRUE(authenticator.ok()) << authenticator.status();
+  EXPECT_TRUE(reloads.empty());  // the first reading is not a reload
+
+  auto process = [&](std::vector<std::pair<std::string, std::string>> metadata) {
+    TokenAuthenticator::InputMetadata input;
+    for (const auto& [key, value] : metadata) input.emplace(key, value);
+    TokenAuthenticator::OutputMetadata consumed, response;
+    return (*authenticator)->Process(input, nullptr, &consumed, &response);
+  };
+  const std::string gemm = "/gpucompute.v1.Compute/Gemm";
+  EXPECT_EQ(process({{":path", gemm}}).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(process({{":path", gemm}, {"authorization", "Basic xyz"}}).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(
+      process({{":path", gemm}, {"authorization", "Bearer bob-0123456789abcdef"}}).error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+  // Health is exempt: not refused, not counted.
+  EXPECT_TRUE(process({{":path", "/grpc.health.v1.Health/Check"}}).ok());
+  EXPECT_EQ(reasons, (std::vector<std::string>{"missing", "malformed", "invalid"}));
+
+  write("alice-0123456789abcdef alice\nbob-0123456789abcdef bob\n");
+  ASSERT_TRUE((*authenticator)->Reload().ok());
+  write("short\n");
+  EXPECT_FALSE((*authenticator)->Reload().ok());
+  EXPECT_EQ(reloads, (std::vector<std::pair<bool, size_t>>{{true, 2}, {false, 2}}));
+  std::remove(path.c_str());
 }
 
 }  // namespace

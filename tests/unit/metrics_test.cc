@@ -181,6 +181,41 @@ TEST(MetricsTest, RequestsMoveTheirSeries) {
   EXPECT_EQ(Sample(text, "gpucompute_inflight_bytes"), 4096);
 }
 
+TEST(MetricsTest, TokenSeriesExistOnlyWithTokensAndCountByReason) {
+  Metrics metrics;
+  metrics.AuthRefused("invalid");  // not enabled: nothing happens
+  metrics.TokensReloaded(true, 9);
+  std::string text = metrics.Scrape();
+  EXPECT_FALSE(absl::StrContains(text, "gpucompute_auth_refused_total")) << text;
+  EXPECT_FALSE(absl::StrContains(text, "gpucompute_bearer_tokens")) << text;
+
+  metrics.EnableTokenMetrics(3);
+  text = metrics.Scrape();
+  EXPECT_EQ(Types(text)["gpucompute_auth_refused_total"], "counter");
+  EXPECT_EQ(Types(text)["gpucompute_token_reloads_total"], "counter");
+  EXPECT_EQ(Types(text)["gpucompute_bearer_tokens"], "gauge");
+  for (const char* reason : {"missing", "malformed", "invalid"}) {
+    EXPECT_EQ(
+        Sample(text, absl::StrCat(R"(gpucompute_auth_refused_total{reason=")", reason, R"("})")), 0)
+        << reason;
+  }
+  EXPECT_EQ(Sample(text, "gpucompute_bearer_tokens"), 3);
+
+  metrics.AuthRefused("missing");
+  metrics.AuthRefused("invalid");
+  metrics.AuthRefused("invalid");
+  metrics.AuthRefused("something else");  // ignored
+  metrics.TokensReloaded(true, 5);
+  metrics.TokensReloaded(false, 5);
+  text = metrics.Scrape();
+  EXPECT_EQ(Sample(text, R"(gpucompute_auth_refused_total{reason="missing"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_auth_refused_total{reason="malformed"})"), 0);
+  EXPECT_EQ(Sample(text, R"(gpucompute_auth_refused_total{reason="invalid"})"), 2);
+  EXPECT_EQ(Sample(text, R"(gpucompute_token_reloads_total{result="ok"})"), 1);
+  EXPECT_EQ(Sample(text, R"(gpucompute_token_reloads_total{result="error"})"), 1);
+  EXPECT_EQ(Sample(text, "gpucompute_bearer_tokens"), 5);
+}
+
 TEST(MetricsTest, ShardsMoveKernelSeriesAndDevicesAreListed) {
   Metrics metrics;
   std::vector<DeviceDescription> devices = {Cpu(0), Cpu(1)};
