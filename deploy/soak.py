@@ -115,6 +115,13 @@ def vm_rss_mb(pid):
     return 0.0
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def f64(x):
     x = np.asarray(x)
     if x.dtype == np.uint16:
@@ -136,6 +143,85 @@ def close(got, ref, dtype, depth, magnitude):
         return False
     tol = 4 * depth * 2.0**-23 * magnitude + 2 * EPS[dtype] * np.abs(ref) + 1e-30
     return bool(np.all(np.abs(got - ref) <= tol))
+
+
+def gemm_check(a, b, dtype, k):
+    ref = f64(a) @ f64(b)
+    mag = np.abs(f64(a)) @ np.abs(f64(b))
+    return lambda v: close(v, ref, dtype, k, mag)
+
+
+def make_gemm_probe(rng, pick):
+    a, b = rand(rng, (64, 64), "float32"), rand(rng, (64, 64), "float32")
+    return a, b, gemm_check(a, b, "float32", 64)
+
+
+def make_gemm_mid(rng, pick):
+    dtype = pick.choice(["float32", "bfloat16"])
+    m, n, k = pick.randint(100, 400), pick.randint(100, 400), pick.randint(100, 400)
+    a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
+    return dtype, a, b, gemm_check(a, b, dtype, k)
+
+
+def make_gemv(rng, pick):
+    m, n = pick.randint(50, 3000), pick.randint(50, 3000)
+    a, x = rand(rng, (m, n), "float32"), rand(rng, (n,), "float32")
+    ref, mag = f64(a) @ f64(x), np.abs(f64(a)) @ np.abs(f64(x))
+    return a, x, lambda v: close(v, ref, "float32", n, mag)
+
+
+def make_reduce(rng, pick):
+    shape = (pick.randint(1, 500), pick.randint(1, 500))
+    axis = pick.choice([None, 0, 1])
+    x = rand(rng, shape, "float32")
+    ref = np.asarray(f64(x).sum(axis=axis))
+    mag = np.asarray(np.abs(f64(x)).sum(axis=axis))
+    depth = x.size if axis is None else shape[axis]
+    return x, axis, lambda v: close(np.asarray(v).reshape(ref.shape), ref, "float32", depth, mag)
+
+
+def make_transpose(rng, pick):
+    shape = tuple(pick.randint(1, 40) for _ in range(3))
+    perm = pick.choice([(2, 1, 0), (1, 0, 2), (0, 2, 1), (2, 0, 1)])
+    x = rand(rng, shape, "bfloat16")
+    ref = np.transpose(x, perm)
+    return x, perm, lambda v: np.array_equal(np.asarray(v), ref)
+
+
+def make_attention(rng, pick):
+    s, d = pick.randint(8, 96), pick.choice([32, 64])
+    q, k, v = (rand(rng, (1, 2, s, d), "float32") for _ in range(3))
+    causal = pick.random() < 0.5
+    scores = f64(q) @ np.swapaxes(f64(k), -1, -2) / np.sqrt(d)
+    if causal:
+        scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ f64(v)
+    return q, k, v, causal, lambda out: bool(np.allclose(f64(out), ref, rtol=1e-3, atol=1e-4))
+
+
+def make_echo(rng, pick):
+    bits = rng.integers(0, 1 << 16, size=pick.randint(4, 32) * MIB // 2, dtype=np.uint16)
+    return bits.view(np.float16), lambda v: np.array_equal(np.asarray(v).view(np.uint16), bits)
+
+
+def make_resident(rng, pick):
+    a = rand(rng, (512, pick.randint(200, 2000)), "float32")
+    b = rand(rng, (a.shape[1], 128), "float32")
+    return a, b, gemm_check(a, b, "float32", a.shape[1])
+
+
+def make_batch(rng, pick):
+    items = []
+    for _ in range(16):
+        a, b = rand(rng, (32, 48), "float32"), rand(rng, (48, 16), "float32")
+        items.append((ops.gemm(a, b), gemm_check(a, b, "float32", 48)))
+
+    def check(results):
+        return (len(results) == len(items) and
+                all(r.error is None and items[r.index][1](r.value) for r in results))
+
+    return [r for r, _ in items], check
 
 
 class Soak:
@@ -196,8 +282,23 @@ class Soak:
                 self.ok_by_method[method] += 1
         return elapsed if ok else None
 
+    def prepare(self, variants=6):
+        """Inputs and float64 references made once and shared by every worker (read only), so
+        that the clients' own numpy work stays small beside the server's."""
+        rng, pick = np.random.default_rng(7), random.Random(7)
+        makers = {"gemm_probe": make_gemm_probe, "gemm_mid": make_gemm_mid, "gemv": make_gemv,
+                  "reduce": make_reduce, "transpose": make_transpose,
+                  "attention": make_attention, "echo": make_echo,
+                  "resident": make_resident, "batch": make_batch}
+        self.pools = {name: [make(rng, pick) for _ in range(variants)]
+                      for name, make in makers.items()}
+        self.cancel_gemm_inputs = (rand(rng, (768, 768), "float32"),
+                                   rand(rng, (768, 768), "float32"))
+        self.cancel_echo_input = np.zeros(16 * MIB // 4, np.float32)
+        self.abandon_requests = [ops.gemm(rand(rng, (256, 256), "float32"),
+                                          rand(rng, (256, 256), "float32")) for _ in range(8)]
+
     def worker(self, index):
-        rng = np.random.default_rng(1000 + index)
         pick = random.Random(index)
         c = self.client(self.tokens[index], session=f"s{index}", streams=2,
                         parallel_min_bytes=8 * MIB)
@@ -212,80 +313,43 @@ class Soak:
                 for w, fn in mix:
                     r -= w
                     if r <= 0:
-                        fn(c, rng, pick)
+                        fn(c, pick)
                         break
 
-    def gemm_probe(self, c, rng, pick):
-        a, b = rand(rng, (64, 64), "float32"), rand(rng, (64, 64), "float32")
-        ref = f64(a) @ f64(b)
-        mag = np.abs(f64(a)) @ np.abs(f64(b))
-        took = self.call("gemm 64^3 f32", "Gemm", lambda: c.gemm(a, b),
-                         lambda v: close(v, ref, "float32", 64, mag))
+    def gemm_probe(self, c, pick):
+        a, b, check = pick.choice(self.pools["gemm_probe"])
+        took = self.call("gemm 64^3 f32", "Gemm", lambda: c.gemm(a, b), check)
         if took is not None:
             minute = int((time.monotonic() - self.start) // 60)
             with self.lock:
                 self.probe[minute].append(took)
 
-    def gemm_mid(self, c, rng, pick):
-        dtype = pick.choice(["float32", "bfloat16"])
-        m, n, k = pick.randint(100, 400), pick.randint(100, 400), pick.randint(100, 400)
-        a, b = rand(rng, (m, k), dtype), rand(rng, (k, n), dtype)
-        ref = f64(a) @ f64(b)
-        mag = np.abs(f64(a)) @ np.abs(f64(b))
-        self.call(f"gemm mid {dtype}", "Gemm", lambda: c.gemm(a, b),
-                  lambda v: close(v, ref, dtype, k, mag))
+    def gemm_mid(self, c, pick):
+        dtype, a, b, check = pick.choice(self.pools["gemm_mid"])
+        self.call(f"gemm 100-400 {dtype}", "Gemm", lambda: c.gemm(a, b), check)
 
-    def gemv(self, c, rng, pick):
-        m, n = pick.randint(50, 3000), pick.randint(50, 3000)
-        a, x = rand(rng, (m, n), "float32"), rand(rng, (n,), "float32")
-        ref = f64(a) @ f64(x)
-        mag = np.abs(f64(a)) @ np.abs(f64(x))
-        self.call("gemv", "Gemv", lambda: c.gemv(a, x),
-                  lambda v: close(v, ref, "float32", n, mag))
+    def gemv(self, c, pick):
+        a, x, check = pick.choice(self.pools["gemv"])
+        self.call("gemv", "Gemv", lambda: c.gemv(a, x), check)
 
-    def reduce(self, c, rng, pick):
-        shape = (pick.randint(1, 500), pick.randint(1, 500))
-        axis = pick.choice([None, 0, 1])
-        x = rand(rng, shape, "float32")
-        ref = np.asarray(f64(x).sum(axis=axis))
-        mag = np.asarray(np.abs(f64(x)).sum(axis=axis))
-        depth = x.size if axis is None else shape[axis]
-        self.call("reduce sum", "Reduce", lambda: c.reduce(x, "sum", axis=axis),
-                  lambda v: close(np.asarray(v).reshape(ref.shape), ref, "float32", depth, mag))
+    def reduce(self, c, pick):
+        x, axis, check = pick.choice(self.pools["reduce"])
+        self.call("reduce sum", "Reduce", lambda: c.reduce(x, "sum", axis=axis), check)
 
-    def transpose(self, c, rng, pick):
-        shape = tuple(pick.randint(1, 40) for _ in range(3))
-        perm = pick.choice([(2, 1, 0), (1, 0, 2), (0, 2, 1), (2, 0, 1)])
-        x = rand(rng, shape, "bfloat16")
-        ref = np.transpose(x, perm)
-        self.call("transpose", "Transpose", lambda: c.transpose(x, perm),
-                  lambda v: np.array_equal(np.asarray(v), ref))
+    def transpose(self, c, pick):
+        x, perm, check = pick.choice(self.pools["transpose"])
+        self.call("transpose", "Transpose", lambda: c.transpose(x, perm), check)
 
-    def attention(self, c, rng, pick):
-        s, d = pick.randint(8, 96), pick.choice([32, 64])
-        q, k, v = (rand(rng, (1, 2, s, d), "float32") for _ in range(3))
-        causal = pick.random() < 0.5
-        qf, kf, vf = f64(q), f64(k), f64(v)
-        scores = qf @ np.swapaxes(kf, -1, -2) / np.sqrt(d)
-        if causal:
-            scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
-        p = np.exp(scores - scores.max(-1, keepdims=True))
-        ref = (p / p.sum(-1, keepdims=True)) @ vf
-        self.call("attention", "Attention", lambda: c.attention(q, k, v, causal=causal),
-                  lambda out: bool(np.allclose(f64(out), ref, rtol=1e-3, atol=1e-4)))
+    def attention(self, c, pick):
+        q, k, v, causal, check = pick.choice(self.pools["attention"])
+        self.call("attention", "Attention", lambda: c.attention(q, k, v, causal=causal), check)
 
-    def echo_large(self, c, rng, pick):
-        n = pick.randint(4, 32) * MIB // 4
-        x = rng.integers(0, 1 << 16, size=n, dtype=np.uint16).view(np.float16).copy()
-        x = x.view(np.uint16)
-        self.call("echo 4-32 MiB", "Echo", lambda: c.echo(x.view(np.float16)),
-                  lambda v: np.array_equal(np.asarray(v).view(np.uint16), x))
+    def echo_large(self, c, pick):
+        x, check = pick.choice(self.pools["echo"])
+        self.call("echo 4-32 MiB", "Echo", lambda: c.echo(x), check)
 
-    def resident(self, c, rng, pick):
-        a = rand(rng, (512, pick.randint(200, 2000)), "float32")
-        b = rand(rng, (a.shape[1], 128), "float32")
-        ref = f64(a) @ f64(b)
-        mag = np.abs(f64(a)) @ np.abs(f64(b))
+    def resident(self, c, pick):
+        a, b, check = pick.choice(self.pools["resident"])
 
         def run():
             ha, hb = c.upload(a), c.upload(b)
@@ -298,49 +362,27 @@ class Soak:
             finally:
                 c.free([ha, hb])
 
-        self.call("resident upload/gemm/download/free", "Gemm", run,
-                  lambda v: close(v, ref, "float32", a.shape[1], mag))
+        self.call("resident upload/gemm/download/free", "Gemm", run, check)
 
-    def batch(self, c, rng, pick):
-        items = []
-        for _ in range(16):
-            a, b = rand(rng, (32, 48), "float32"), rand(rng, (48, 16), "float32")
-            items.append((ops.gemm(a, b), f64(a) @ f64(b), np.abs(f64(a)) @ np.abs(f64(b))))
+    def batch(self, c, pick):
+        requests, check = pick.choice(self.pools["batch"])
+        self.call("batch 16 gemm", "", lambda: list(c.batch(requests, max_outstanding=8)),
+                  check)
 
-        def run():
-            results = list(c.batch([r for r, _, _ in items], max_outstanding=8))
-            return results
-
-        def check(results):
-            if len(results) != len(items):
-                return False
-            for r in results:
-                if r.error is not None:
-                    return False
-                _, ref, mag = items[r.index]
-                if not close(r.value, ref, "float32", 48, mag):
-                    return False
-            return True
-
-        self.call("batch 16 gemm", "", run, check)
-
-    def cancel_gemm(self, c, rng, pick):
-        a, b = rand(rng, (768, 768), "float32"), rand(rng, (768, 768), "float32")
+    def cancel_gemm(self, c, pick):
+        a, b = self.cancel_gemm_inputs
         self.call("cancel: gemm 768^3 in 2-20 ms", "Gemm",
                   lambda: c.gemm(a, b, timeout=pick.uniform(0.002, 0.02)),
                   lambda v: np.asarray(v).shape == (768, 768), cancelled=True)
 
-    def cancel_echo(self, c, rng, pick):
-        x = np.zeros(16 * MIB // 4, np.float32)
+    def cancel_echo(self, c, pick):
+        x = self.cancel_echo_input
         self.call("cancel: echo 16 MiB in 5 ms", "Echo", lambda: c.echo(x, timeout=0.005),
                   lambda v: np.asarray(v).shape == x.shape, cancelled=True)
 
-    def abandon_batch(self, c, rng, pick):
-        requests = [ops.gemm(rand(rng, (256, 256), "float32"), rand(rng, (256, 256), "float32"))
-                    for _ in range(8)]
-
+    def abandon_batch(self, c, pick):
         def run():
-            for result in c.batch(requests, max_outstanding=4):
+            for result in c.batch(self.abandon_requests, max_outstanding=4):
                 return result  # leaving the loop cancels the stream
 
         self.call("cancel: batch left after 1 of 8", "", run,
@@ -479,6 +521,7 @@ def main():
     print(f"soak: server pid {server.pid} on {soak.address}, {args.clients} clients, "
           f"{args.seconds:.0f} s; argv: {' '.join(argv)}", flush=True)
 
+    soak.prepare()
     soak.start = time.monotonic()
     threads = [threading.Thread(target=soak.worker, args=(i,), daemon=True)
                for i in range(args.clients)]
@@ -504,6 +547,9 @@ def main():
     hung = [t.name for t in threads if t.is_alive()]
     time.sleep(0.5)
     server_ok = soak.scrape()
+    server_cpu = cpu_seconds(server.pid)
+    own = os.times()
+    client_cpu = own.user + own.system
     term_sent = time.monotonic()
     server.send_signal(signal.SIGTERM)
     try:
@@ -529,7 +575,8 @@ def main():
     rss_dev = max((abs(v - rss_mean) / rss_mean for v in rss_minutes.values()), default=0.0)
     probe = {m: {"n": len(v), "p50_ms": percentile(v, 50) * 1e3,
                  "p99_ms": percentile(v, 99) * 1e3}
-             for m, v in sorted(soak.probe.items()) if m * 60 >= args.warmup}
+             for m, v in sorted(soak.probe.items())
+             if m * 60 >= args.warmup and (m + 1) * 60 <= args.seconds}  # whole minutes
     p99s = [p["p99_ms"] for p in probe.values()]
     reloads_ok = all(r["new_token_accepted_after_s"] is not None and r["old_token_refused"]
                      for r in soak.reloads)
@@ -555,6 +602,7 @@ def main():
         "probe_p99_max_over_min": (max(p99s) / min(p99s)) if p99s else float("nan"),
         "reloads": soak.reloads, "reloads_ok": reloads_ok,
         "certificate_rotations": soak.rotations, "rotations_ok": rotations_ok,
+        "server_cpu_s": server_cpu, "clients_cpu_s": client_cpu, "cpus": os.cpu_count(),
         "ok_counters": counters, "ok_counters_agree": counters_ok, "sigterm_exit_s": exit_s, "exit_code": code,
     }
     if args.json:
@@ -580,6 +628,8 @@ def main():
     print("OK calls, clients / server counters (+ calls the clients gave up on): " +
           ", ".join(f"{m} {v['clients_ok']}/{v['server_ok']} (+{v['clients_gave_up']})"
                     for m, v in counters.items()) + f"; agree: {counters_ok}")
+    print(f"CPU seconds: server {server_cpu:.0f}, clients (this process) {client_cpu:.0f}, "
+          f"on {os.cpu_count()} CPUs")
     print(f"SIGTERM to exit: {exit_s:.2f} s (exit code {code}); hung threads: {len(hung)}")
     good = (lost == 0 and not hung and rss_dev <= 0.10 and reloads_ok and rotations_ok and
             counters_ok and code == 0)

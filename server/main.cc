@@ -1,7 +1,7 @@
 // gpucompute-server: serves the Compute gRPC API (and Prometheus metrics)
 // on the CUDA backend when a GPU is usable, else on the CPU backend.
 // SIGTERM or SIGINT drain the calls in flight and exit 0; SIGHUP reads the
-// --token_file again.
+// --token_file and the TLS files again.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -105,8 +105,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: every client must present a certificate that chains to them "
           "(mutual TLS; needs --tls_cert); its common name identifies the client");
 ABSL_FLAG(absl::Duration, tls_reload_interval, kDefaults.tls_reload_interval,
-          "with --tls_cert: read the certificate, key and client CA files again this often "
-          "(new connections use them; a rotation needs no restart); 0 = once at start");
+          "with --tls_cert: read the certificate, key and client CA files again this often and "
+          "on SIGHUP (new connections use them; a key that is not the certificate's keeps the "
+          "previous pair); 0 = once at start");
 ABSL_FLAG(std::string, token_file, "",
           "bearer tokens, one per line, each optionally followed by the identity it "
           "authenticates: every call needs \"authorization: Bearer <token>\" metadata (needs "
@@ -254,6 +255,14 @@ int main(int argc, char** argv) {
       } else {
         std::fprintf(stderr, "gpucompute-server: SIGHUP: %s; the tokens stay as they were\n",
                      tokens.status().ToString().c_str());
+      }
+      absl::StatusOr<bool> tls = s->ReloadTls();
+      if (tls.ok()) {
+        std::fprintf(stderr, "gpucompute-server: SIGHUP, TLS files read: %s\n",
+                     *tls ? "changed, new connections get them" : "unchanged");
+      } else if (tls.status().code() != absl::StatusCode::kFailedPrecondition) {
+        std::fprintf(stderr, "gpucompute-server: SIGHUP: %s; the previous TLS files stay in use\n",
+                     tls.status().ToString().c_str());
       }
     }
     std::fprintf(stderr, "gpucompute-server: %s, draining calls in flight\n",

@@ -1,9 +1,5 @@
 #include "server/server.h"
 
-#include <openssl/bio.h>
-#include <openssl/err.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +23,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/backends.h"
 #include "server/common/status_macros.h"
+#include "server/tls_files.h"
 
 namespace gpucompute {
 namespace {
@@ -123,74 +120,36 @@ absl::Status CheckOptions(const ServerOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (!in || contents.str().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read ", path));
-  }
-  return contents.str();
-}
-
-// OK when `key_pem` is the private key of the first certificate of
-// `cert_pem`; INVALID_ARGUMENT naming the flags otherwise (a handshake
-// would fail on every connection).
-absl::Status CheckKeyMatchesCertificate(const std::string& cert_pem, const std::string& key_pem) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> cert_bio(
-      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), BIO_free);
-  std::unique_ptr<BIO, decltype(&BIO_free)> key_bio(
-      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), BIO_free);
-  if (cert_bio == nullptr || key_bio == nullptr) return absl::ResourceExhaustedError("BIO_new");
-  std::unique_ptr<X509, decltype(&X509_free)> cert(
-      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), X509_free);
-  if (cert == nullptr) {
-    return absl::InvalidArgumentError("--tls_cert: no PEM certificate in the file");
-  }
-  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
-      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr), EVP_PKEY_free);
-  if (key == nullptr) {
-    return absl::InvalidArgumentError("--tls_key: no unencrypted PEM private key in the file");
-  }
-  if (X509_check_private_key(cert.get(), key.get()) != 1) {
-    ERR_clear_error();
-    return absl::InvalidArgumentError("--tls_key: not the private key of --tls_cert");
-  }
-  return absl::OkStatus();
-}
-
 // The gRPC port's credentials: plaintext, TLS, or mutual TLS (client
 // certificates required and verified), with `authenticator` checking every
-// call's token when given. With a reload interval the files are watched by
-// gRPC's FileWatcherCertificateProvider, which reads them again at that
-// interval and keeps the last ones that loaded.
+// call's token when given. With `files` gRPC's FileWatcherCertificateProvider
+// reads their copy every second (TlsFiles keeps it whole and current); else
+// the files are read once here.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
-    const ServerOptions& options, std::shared_ptr<TokenAuthenticator> authenticator) {
+    const ServerOptions& options, std::shared_ptr<TokenAuthenticator> authenticator,
+    const TlsFiles* files) {
   if (options.tls_cert_path.empty()) return grpc::InsecureServerCredentials();
   const bool mutual = !options.tls_client_ca_path.empty();
-  std::string cert_pem, key_pem, client_ca_pem;
-  ASSIGN_OR_RETURN(cert_pem, ReadPem(options.tls_cert_path, "tls_cert"));
-  ASSIGN_OR_RETURN(key_pem, ReadPem(options.tls_key_path, "tls_key"));
-  RETURN_IF_ERROR(CheckKeyMatchesCertificate(cert_pem, key_pem));
-  if (mutual) {
-    ASSIGN_OR_RETURN(client_ca_pem, ReadPem(options.tls_client_ca_path, "tls_client_ca"));
-  }
   const grpc_ssl_client_certificate_request_type request_type =
       mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
              : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
   std::shared_ptr<grpc::ServerCredentials> credentials;
-  if (options.tls_reload_interval > absl::ZeroDuration()) {
-    const int64_t seconds = std::min<int64_t>(absl::ToInt64Seconds(options.tls_reload_interval),
-                                              std::numeric_limits<int>::max());
+  if (files != nullptr) {
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        options.tls_key_path, options.tls_cert_path, options.tls_client_ca_path,
-        static_cast<unsigned int>(seconds));
+        files->key_path(), files->cert_path(), files->ca_path(), /*refresh_interval_sec=*/1);
     grpc::experimental::TlsServerCredentialsOptions tls(provider);
     tls.watch_identity_key_cert_pairs();
     if (mutual) tls.watch_root_certs();
     tls.set_cert_request_type(request_type);
     credentials = grpc::experimental::TlsServerCredentials(tls);
   } else {
+    std::string cert_pem, key_pem, client_ca_pem;
+    ASSIGN_OR_RETURN(cert_pem, ReadPem(options.tls_cert_path, "tls_cert"));
+    ASSIGN_OR_RETURN(key_pem, ReadPem(options.tls_key_path, "tls_key"));
+    RETURN_IF_ERROR(CheckKeyMatchesCertificate(cert_pem, key_pem));
+    if (mutual) {
+      ASSIGN_OR_RETURN(client_ca_pem, ReadPem(options.tls_client_ca_path, "tls_client_ca"));
+    }
     grpc::SslServerCredentialsOptions ssl(request_type);
     ssl.pem_key_cert_pairs.push_back({std::move(key_pem), std::move(cert_pem)});
     ssl.pem_root_certs = std::move(client_ca_pem);
@@ -281,7 +240,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
     server->authenticator_ = *std::move(authenticator);
     metrics->EnableTokenMetrics(server->authenticator_->size());
   }
-  ASSIGN_OR_RETURN(server->credentials_, Credentials(opts, server->authenticator_));
+  if (!opts.tls_cert_path.empty() && opts.tls_reload_interval > absl::ZeroDuration()) {
+    ASSIGN_OR_RETURN(server->tls_files_,
+                     TlsFiles::Create(opts.tls_cert_path, opts.tls_key_path,
+                                      opts.tls_client_ca_path, opts.tls_reload_interval));
+  }
+  ASSIGN_OR_RETURN(server->credentials_,
+                   Credentials(opts, server->authenticator_, server->tls_files_.get()));
 
   std::vector<DeviceDescription> descriptions;
   for (const auto& device : devices.devices) descriptions.push_back(device->description());
@@ -434,6 +399,15 @@ absl::Status Server::WriteReadyFile() const {
         absl::StrCat("--ready_file: cannot rename ", tmp, " to ", options_.ready_file));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Server::ReloadTls() {
+  if (tls_files_ == nullptr) {
+    return absl::FailedPreconditionError("no TLS files to read again (--tls_reload_interval=0)");
+  }
+  bool replaced = false;
+  RETURN_IF_ERROR(tls_files_->Reload(&replaced));
+  return replaced;
 }
 
 absl::StatusOr<size_t> Server::ReloadTokens() {

@@ -23,6 +23,7 @@
 #include "server/service/auth.h"
 #include "server/service/compute_service.h"
 #include "server/service/worker_pool.h"
+#include "server/tls_files.h"
 
 namespace gpucompute {
 
@@ -97,10 +98,10 @@ struct ServerOptions {
   // verifies (mutual TLS), and its common name identifies the client.
   std::string tls_client_ca_path;
   // With TLS: the certificate, key and client CA files are read again this
-  // often, and new handshakes use what they then hold (a rotation that
-  // replaces the files, as Kubernetes does with a Secret, needs no restart;
-  // files that do not load, or a key that is not the certificate's, keep the
-  // previous ones). Zero: read once at start.
+  // often (and on ReloadTls(), SIGHUP), and new handshakes use what they then
+  // hold (a rotation needs no restart; files that do not load, or a key that
+  // is not the certificate's, leave the previous ones in use: see TlsFiles).
+  // Zero: read once at start.
   absl::Duration tls_reload_interval = absl::Seconds(30);
   // With TLS: bearer tokens (format in server/service/auth.h). Set, every
   // call needs "authorization: Bearer <token>" metadata naming one of them,
@@ -153,6 +154,11 @@ class Server {
   // on error the tokens stay as they were. FAILED_PRECONDITION without
   // ServerOptions::token_file.
   absl::StatusOr<size_t> ReloadTokens();
+  // Reads the TLS files again now (SIGHUP), as every tls_reload_interval
+  // does: true when they changed (new connections get them); an error,
+  // naming the flag, leaves the ones in use; FAILED_PRECONDITION without
+  // TLS or with tls_reload_interval 0.
+  absl::StatusOr<bool> ReloadTls();
 
   // Bound ports; 0 before Start (metrics: or when disabled).
   int port() const { return port_; }
@@ -173,6 +179,9 @@ class Server {
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<ComputeService> service_;
+  // The TLS files' private copy, read by the gRPC server's credentials: it
+  // outlives the gRPC server.
+  std::unique_ptr<TlsFiles> tls_files_;
   std::unique_ptr<grpc::Server> grpc_server_;
   // The gRPC port's credentials (TLS files read at Create, and again every
   // tls_reload_interval when set) and

@@ -55,7 +55,9 @@ ABSL_FLAG(std::string, out_dtype, "", "Result dtype (default: the input dtype)."
 ABSL_FLAG(std::string, variant, "", "Kernel variant by name (default: the fastest).");
 ABSL_FLAG(std::vector<std::string>, devices, {},
           "Device indices that may run the request, e.g. 0,2 (default: all).");
-ABSL_FLAG(bool, allow_tf32, false, "Allow TF32 for fp32 GEMM/GEMV (CUDA backend).");
+ABSL_FLAG(bool, allow_tf32, false,
+          "CUDA backend: fp32 GEMM/GEMV may run in TF32, fp32 attention on the flash rungs "
+          "(Q, K and V rounded to bfloat16).");
 
 namespace gpucompute::cli {
 

@@ -517,9 +517,10 @@ TEST_F(SecurityTest, AChangedTokenFileIsReadWithoutASignal) {
   EXPECT_TRUE(absl::StrContains(server->Log(), "changed: 1 tokens")) << server->Log();
 }
 
-// The certificate and key files replaced while the server runs (as a
-// Secret's rotation does): new connections get the new certificate within
-// --tls_reload_interval, and no restart is needed.
+// The certificate and key files replaced while the server runs (a renewal,
+// a Secret's rotation): new connections get the new pair within
+// --tls_reload_interval, or at once on SIGHUP, and no restart is needed.
+// While only the key is new the old pair is still served.
 TEST_F(SecurityTest, ReplacedCertificatesServeNewConnections) {
   auto copy = [&](const std::string& from, const std::string& to) {
     std::ifstream in(Pem(from), std::ios::binary);
@@ -538,26 +539,63 @@ TEST_F(SecurityTest, ReplacedCertificatesServeNewConnections) {
     options.default_timeout = absl::Seconds(5);
     return NewClient(options);
   };
-  auto before = trusting("ca.pem");
-  ASSERT_NE(before, nullptr);
-  EXPECT_TRUE(GemmWorks(*before));
+  auto served_by = [&](const std::string& ca, absl::Duration within) {
+    const absl::Time deadline = absl::Now() + within;
+    while (!trusting(ca)->GetServerInfo().ok()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return true;
+  };
+  EXPECT_TRUE(GemmWorks(*trusting("ca.pem")));
   EXPECT_EQ(trusting("rogue-ca.pem")->GetServerInfo().status().code(),
             absl::StatusCode::kUnavailable);
 
-  // The key first, then the certificate: a reading in between finds a pair
-  // that does not match and keeps the old one.
+  // The key alone first: it is not the certificate's, so readings in
+  // between keep serving the old pair.
+  copy("rogue-server.key", "live.key");
+  ASSERT_TRUE(WaitForLog(server, "not the private key of --tls_cert")) << server.Log();
+  absl::SleepFor(absl::Milliseconds(1500));  // gRPC reads its copy every second
+  EXPECT_TRUE(GemmWorks(*trusting("ca.pem"))) << server.Log();
+  copy("rogue-server.pem", "live.pem");
+  ASSERT_TRUE(served_by("rogue-ca.pem", absl::Seconds(15)))
+      << "the new certificate was not served within 15 s\n"
+      << server.Log();
+  EXPECT_TRUE(GemmWorks(*trusting("rogue-ca.pem")));
+  EXPECT_EQ(trusting("ca.pem")->GetServerInfo().status().code(), absl::StatusCode::kUnavailable);
+}
+
+// With a long interval, SIGHUP reads the files at once.
+TEST_F(SecurityTest, SighupReadsTheTlsFilesAgain) {
+  auto copy = [&](const std::string& from, const std::string& to) {
+    std::ifstream in(Pem(from), std::ios::binary);
+    WriteFile(dir_.File(to), std::string(std::istreambuf_iterator<char>(in), {}));
+  };
+  copy("server.pem", "live.pem");
+  copy("server.key", "live.key");
+  auto started =
+      ServerProcess::Start({"--tls_cert=" + dir_.File("live.pem"),
+                            "--tls_key=" + dir_.File("live.key"), "--tls_reload_interval=1h"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  ServerProcess& server = **started;
   copy("rogue-server.key", "live.key");
   copy("rogue-server.pem", "live.pem");
-  const absl::Time deadline = absl::Now() + absl::Seconds(15);
-  bool rotated = false;
-  while (!rotated && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(200));
-    rotated = trusting("rogue-ca.pem")->GetServerInfo().ok();
+  server.Signal(SIGHUP);
+  ASSERT_TRUE(WaitForLog(server, "TLS files read: changed")) << server.Log();
+  ClientOptions options = TlsOptions(server);
+  options.root_certs_path = Pem("rogue-ca.pem");
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool served = false;
+  while (!served && absl::Now() < deadline) {
+    served = NewClient(options)->GetServerInfo().ok();
+    if (!served) absl::SleepFor(absl::Milliseconds(100));
   }
-  ASSERT_TRUE(rotated) << "the new certificate was not served within 15 s\n" << server.Log();
-  auto after = trusting("rogue-ca.pem");
-  EXPECT_TRUE(GemmWorks(*after));
-  EXPECT_EQ(trusting("ca.pem")->GetServerInfo().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(served) << server.Log();
+  // A broken key is logged and changes nothing.
+  WriteFile(dir_.File("live.key"), "not a key\n");
+  server.Signal(SIGHUP);
+  ASSERT_TRUE(WaitForLog(server, "the previous TLS files stay in use")) << server.Log();
+  EXPECT_TRUE(NewClient(options)->GetServerInfo().ok()) << server.Log();
 }
 
 TEST_F(SecurityTest, InconsistentSecurityFlagsStopTheServer) {

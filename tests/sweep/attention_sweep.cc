@@ -95,6 +95,14 @@ double VisiblePairs(const Case& c) {
 
 // 16-bit device values -> double.
 std::vector<double> Download(const void* src, int64_t n, D t) {
+  if (t == D::kFloat32) {
+    std::vector<float> f(static_cast<size_t>(n));
+    if (cudaMemcpy(f.data(), src, size_t(n) * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      std::fprintf(stderr, "download failed\n");
+      std::exit(1);
+    }
+    return std::vector<double>(f.begin(), f.end());
+  }
   std::vector<uint16_t> raw(static_cast<size_t>(n));
   if (cudaMemcpy(raw.data(), src, size_t(n) * 2, cudaMemcpyDeviceToHost) != cudaSuccess) {
     std::fprintf(stderr, "download failed\n");
@@ -141,7 +149,8 @@ class Sweep {
     if (!options_.filter.empty() && name.find(options_.filter) == std::string::npos) return;
     row.flops = 4.0 * double(c.b) * double(c.hq) * double(c.d) * VisiblePairs(c);
     const int64_t nq = c.b * c.hq * c.sq * c.d, nkv = c.b * c.hkv * c.skv * c.d;
-    DeviceArray q(size_t(nq) * 2), k(size_t(nkv) * 2), v(size_t(nkv) * 2);
+    const size_t es = c.dtype == D::kFloat32 ? 4 : 2;
+    DeviceArray q(size_t(nq) * es), k(size_t(nkv) * es), v(size_t(nkv) * es);
     Fill(q.get(), nq, K(c.dtype), NextSeed());
     Fill(k.get(), nkv, K(c.dtype), NextSeed());
     Fill(v.get(), nkv, K(c.dtype), NextSeed());
@@ -233,10 +242,11 @@ class Sweep {
 
   // Four sampled (batch, head, row) of the result against float64 attention
   // on the same inputs: the largest |got - ref| / (atol + rtol |ref|) (one
-  // 16-bit rounding of P and of O; fp32 sums).
+  // 16-bit rounding of P and of O; fp32 sums; float32 inputs: fp32 through).
   double CheckRows(const Case& c, const void* q, const void* k, const void* v, const void* o) {
-    const double atol = c.dtype == D::kBFloat16 ? 1.2e-2 : 2.5e-3;
-    const double rtol = c.dtype == D::kBFloat16 ? 2e-2 : 5e-3;
+    const double atol = c.dtype == D::kBFloat16 ? 1.2e-2 : c.dtype == D::kFloat16 ? 2.5e-3 : 2e-5;
+    const double rtol = c.dtype == D::kBFloat16 ? 2e-2 : c.dtype == D::kFloat16 ? 5e-3 : 1e-4;
+    const int64_t es = c.dtype == D::kFloat32 ? 4 : 2;
     std::mt19937_64 rng(NextSeed());
     double worst = 0;
     const char* qb = static_cast<const char*>(q);
@@ -250,13 +260,13 @@ class Sweep {
       const int64_t kvh = h / (c.hq / c.hkv);
       const int64_t qrow = ((b * c.hq + h) * c.sq + i) * c.d;
       const int64_t kv0 = (b * c.hkv + kvh) * c.skv * c.d;
-      const std::vector<double> qr = Download(qb + qrow * 2, c.d, c.dtype);
-      const std::vector<double> got = Download(ob + qrow * 2, c.d, c.dtype);
+      const std::vector<double> qr = Download(qb + qrow * es, c.d, c.dtype);
+      const std::vector<double> got = Download(ob + qrow * es, c.d, c.dtype);
       const int64_t keys = c.causal ? std::clamp<int64_t>(i + c.skv - c.sq + 1, 0, c.skv) : c.skv;
       std::vector<double> ref(static_cast<size_t>(c.d), 0.0);
       if (keys > 0) {
-        const std::vector<double> kr = Download(kb + kv0 * 2, keys * c.d, c.dtype);
-        const std::vector<double> vr = Download(vb + kv0 * 2, keys * c.d, c.dtype);
+        const std::vector<double> kr = Download(kb + kv0 * es, keys * c.d, c.dtype);
+        const std::vector<double> vr = Download(vb + kv0 * es, keys * c.d, c.dtype);
         std::vector<double> s(static_cast<size_t>(keys));
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < keys; ++j) {
@@ -353,6 +363,11 @@ void RunAll(Sweep& s) {
   for (int64_t n : {1000, 3000, 8191}) add("odd", 2, 16, 16, n, n, 128, true);
   add("odd", 3, 12, 4, 777, 1999, 64, false);
   add("odd", 8, 16, 16, 333, 333, 128, true);
+  // float32 inputs: float32 throughout (the score matrix of the last two,
+  // 4 and 8.6 GB, goes in blocks of query rows).
+  add("fp32", 4, 16, 16, 1024, 1024, 64, true, D::kFloat32);
+  add("fp32", 1, 16, 16, 8192, 8192, 64, true, D::kFloat32);
+  add("fp32", 2, 16, 16, 8192, 8192, 128, false, D::kFloat32);
 }
 
 }  // namespace

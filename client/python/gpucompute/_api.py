@@ -84,7 +84,8 @@ class Operations:
     def attention(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
                   scale: float = 0.0, return_lse: bool = False,
                   output_dtype: DTypeLike = None, variant: str = "",
-                  devices: Sequence[int] = (), keep_output: bool = False,
+                  devices: Sequence[int] = (), allow_tf32: bool = False,
+                  keep_output: bool = False,
                   timeout: Optional[float] = None, wait_for_ready: bool = False,
                   timings: bool = False) -> Any:
         """softmax(scale Q K^T + mask) V; (O, LSE) with return_lse (see
@@ -92,7 +93,7 @@ class Operations:
         return self._run(ops.attention(q, k, v, causal=causal, scale=scale,
                                        return_lse=return_lse, output_dtype=output_dtype,
                                        variant=variant, devices=devices,
-                                       keep_output=keep_output),
+                                       allow_tf32=allow_tf32, keep_output=keep_output),
                          timeout, wait_for_ready, timings)
 
     def echo(self, input: ArrayLike, *, timeout: Optional[float] = None,

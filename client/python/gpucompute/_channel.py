@@ -231,6 +231,11 @@ class ConnectionWatch:
         else:
             self._ready.clear()
 
+    def close(self) -> None:
+        """Ends the subscription; before the channel closes, or gRPC's polling thread may find
+        the channel closed under it (a ValueError printed from that thread)."""
+        self._channel.unsubscribe(self._update)
+
     def wait(self, seconds: float) -> None:
         """Returns at once while the channel is connected or when `seconds` is 0; else asks it
         to connect and waits up to `seconds` for it to be (the call then goes either way)."""

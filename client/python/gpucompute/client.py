@@ -476,8 +476,12 @@ class Client(Operations):
         """Closes the channels; calls in flight are cancelled."""
         with self._lock:
             channels = [self._channel] + self._transfer_channels
+            watches = list(self._watches.values())
             self._transfer_channels = []
             self._methods.clear()
+            self._watches.clear()
+        for watch in watches:
+            watch.close()
         for ch in channels:
             ch.close()
 

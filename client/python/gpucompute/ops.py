@@ -243,14 +243,16 @@ def transpose(input: ArrayLike, perm: Optional[Sequence[int]] = None, *,
 
 def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
               scale: float = 0.0, return_lse: bool = False, output_dtype: DTypeLike = None,
-              variant: str = "", devices: Sequence[int] = (),
+              variant: str = "", devices: Sequence[int] = (), allow_tf32: bool = False,
               keep_output: bool = False) -> Request:
     """O = softmax(scale * Q K^T + mask) V. Q: [B, Hq, Sq, D]; K, V: [B, Hkv, Skv, D] with Hq
     a multiple of Hkv. causal: aligned to the bottom-right corner. scale 0: 1/sqrt(D). With
-    return_lse the value is (O, LSE) where LSE: [B, Hq, Sq] float32."""
+    return_lse the value is (O, LSE) where LSE: [B, Hq, Sq] float32. allow_tf32: float32
+    inputs may run on the GPU's flash rungs, which round Q, K and V to bfloat16 (without it
+    they run in float32 throughout)."""
     msg = pb.AttentionRequest(causal=causal, scale=scale, return_lse=return_lse)
     large = _fill(msg, q=operand(q, "q"), k=operand(k, "k"), v=operand(v, "v"))
-    _options(msg.options, output_dtype, variant, devices, False, keep_output)
+    _options(msg.options, output_dtype, variant, devices, allow_tf32, keep_output)
     return Request("Attention", msg, large, (1, 2), _pair if return_lse else _first)
 
 

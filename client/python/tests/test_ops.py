@@ -123,6 +123,12 @@ def test_attention(client, dtype, causal):
     assert_close(o_only, ref_o2, dtype, 13 + 32, np.full(ref_o2.shape, vmax))
 
 
+def test_attention_allow_tf32_travels_in_the_options():
+    q = np.zeros((1, 1, 2, 8), np.float32)
+    assert gpucompute.ops.attention(q, q, q, allow_tf32=True).message.options.allow_tf32
+    assert not gpucompute.ops.attention(q, q, q).message.options.allow_tf32
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_echo_is_exact(client, dtype):
     rng = np.random.default_rng(8)

@@ -822,6 +822,40 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
   // Keys any of these query rows can see (bottom-right causal alignment).
   const int64_t skv = s.causal ? std::min(s.seq_kv, q_rows.end + s.seq_kv - s.seq_q) : s.seq_kv;
 
+  // float32 inputs keep float32 precision unless options.allow_tf32 lets the
+  // flash rungs run them (those round Q, K and V to bfloat16 as they load
+  // them). Without it the float32 version ("reference") runs, whose scratch
+  // holds the whole score matrix of a launch: a shard too large for that runs
+  // as several calls over blocks of its query rows (or halves of its heads).
+  const bool exact_fp32 = in_t == DType::kFloat32 && !s.options.allow_tf32;
+  if (exact_fp32 && !s.options.variant.empty() && s.options.variant != "reference") {
+    return Refused("attention", s.options.variant,
+                   "it rounds float32 Q, K and V to bfloat16: set options.allow_tf32 to allow "
+                   "that, or name \"reference\"");
+  }
+  if (exact_fp32) {
+    const double row_bytes = double(heads.size()) * double(std::max<int64_t>(skv, 1)) * 4;
+    if (row_bytes * double(qn) > double(kMaxFp32ScoreBytes)) {
+      ShardRun total;
+      if (row_bytes > double(kMaxFp32ScoreBytes) && heads.size() > 1) {
+        const int64_t mid = heads.begin + heads.size() / 2;
+        for (Range half : {Range{heads.begin, mid}, Range{mid, heads.end}}) {
+          ASSIGN_OR_RETURN(ShardRun part, Attention(s, half, q_rows, o_out, lse_out));
+          total += part;
+        }
+        return total;
+      }
+      const int64_t rows = std::max<int64_t>(1, int64_t(double(kMaxFp32ScoreBytes) / row_bytes));
+      for (int64_t r = q_rows.begin; r < q_rows.end; r += rows) {
+        ASSIGN_OR_RETURN(
+            ShardRun part,
+            Attention(s, heads, Range{r, std::min(q_rows.end, r + rows)}, o_out, lse_out));
+        total += part;
+      }
+      return total;
+    }
+  }
+
   // Pieces: (batch, first head, head count) with whole kv groups, or part of
   // one group. Whole batches in a row go as one launch.
   struct Piece {
@@ -850,13 +884,12 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
   }
 
   ShardScope scope(this);
-  // The flash kernels round fp32 inputs to bf16 on load; fp32 requests get
-  // the fp32 reference version unless they name one, while its scratch (the
-  // whole score matrix of a piece) stays modest.
+  // float32 inputs: the float32 version, unless allow_tf32 (above) and its
+  // scratch would be large; then the fastest flash rung.
   std::string variant = s.options.variant;
   if (variant.empty() && in_t == DType::kFloat32 &&
-      double(s.batch * s.heads_q) * qn * std::max<int64_t>(skv, 1) * 4 <=
-          double(kMaxFp32ScoreBytes)) {
+      (exact_fp32 || double(s.batch * s.heads_q) * qn * std::max<int64_t>(skv, 1) * 4 <=
+                         double(kMaxFp32ScoreBytes))) {
     variant = "reference";
   }
   const size_t q_row = size_t(qn * d) * es, kv_row = size_t(skv * d) * es;
