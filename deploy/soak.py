@@ -486,8 +486,8 @@ def main():
     parser.add_argument("--reload_every", type=float, default=30)
     parser.add_argument("--rotate_every", type=float, default=150)
     parser.add_argument("--json", default="")
-    parser.add_argument("server_flags", nargs="*")
-    args = parser.parse_args()
+    args, server_flags = parser.parse_known_args()
+    args.server_flags = [f for f in server_flags if f != "--"]
 
     work = tempfile.mkdtemp(prefix="gpucompute-soak-")
     make_pki(work)
