@@ -545,7 +545,10 @@ def main():
     for t in threads:
         t.join(timeout=180)
     hung = [t.name for t in threads if t.is_alive()]
-    time.sleep(0.5)
+    # Idle: what the server keeps once the load is gone (the allocator's
+    # retained memory, and anything leaked).
+    time.sleep(5)
+    idle_rss = vm_rss_mb(server.pid)
     server_ok = soak.scrape()
     server_cpu = cpu_seconds(server.pid)
     own = os.times()
@@ -597,7 +600,7 @@ def main():
         "lost": lost, "lost_examples": soak.lost_examples, "hung_threads": hung,
         "rss_mb_per_minute": rss_minutes, "rss_mb_mean": rss_mean,
         "rss_mb_min": min(after, default=0.0), "rss_mb_max": max(after, default=0.0),
-        "rss_max_minute_deviation": rss_dev,
+        "rss_max_minute_deviation": rss_dev, "rss_mb_idle_after": idle_rss,
         "probe_gemm_64_f32_per_minute": probe,
         "probe_p99_max_over_min": (max(p99s) / min(p99s)) if p99s else float("nan"),
         "reloads": soak.reloads, "reloads_ok": reloads_ok,
@@ -617,7 +620,8 @@ def main():
         print(f"  lost: {e}")
     print("RSS after warm-up, MB per minute: " +
           ", ".join(f"{m}: {v:.0f}" for m, v in rss_minutes.items()) +
-          f"; mean {rss_mean:.0f}, largest minute off the mean by {100 * rss_dev:.1f}%")
+          f"; mean {rss_mean:.0f}, largest minute off the mean by {100 * rss_dev:.1f}%; "
+          f"5 s after the load: {idle_rss:.0f}")
     print("64^3 GEMM probe per minute (p50 / p99 ms): " +
           ", ".join(f"{m}: {p['p50_ms']:.2f}/{p['p99_ms']:.2f}" for m, p in probe.items()))
     print(f"token reloads: {len(soak.reloads)}, all right: {reloads_ok}; "

@@ -162,6 +162,10 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
         call_(service->StartCall(context)) {
     service_->BeginCall();
     service_->metrics_->RequestStarted();
+    if (service_->draining_) {
+      FinishOnce(absl::UnavailableError("the server is shutting down; retry on another replica"));
+      return;
+    }
     StartRead(&incoming_);
   }
 
@@ -473,7 +477,10 @@ class ComputeService::DownloadReactor final : public grpc::ServerWriteReactor<gr
       : service_(service), call_(service->StartCall(context)) {
     service_->BeginCall();
     service_->metrics_->RequestStarted();
-    absl::Status status = Start(OwnerOf(*context), request);
+    absl::Status status =
+        service_->draining_
+            ? absl::UnavailableError("the server is shutting down; retry on another replica")
+            : Start(OwnerOf(*context), request);
     if (!status.ok()) {
       Done(status);
       return;

@@ -188,6 +188,39 @@ class SecurityTest : public ::testing::Test {
     return Passes(CheckGemm(request, *response));
   }
 
+  // Copies the file `from` to `to` (through a rename).
+  static void CopyPem(const std::string& from, const std::string& to) {
+    std::ifstream in(from, std::ios::binary);
+    WriteFile(to, std::string(std::istreambuf_iterator<char>(in), {}));
+  }
+
+  // A TLS server on live.pem and live.key, copies of server.pem and server.key
+  // that the test may replace, read again every `interval`.
+  std::unique_ptr<ServerProcess> StartOnLiveFiles(const std::string& interval) const {
+    CopyPem(Pem("server.pem"), dir_.File("live.pem"));
+    CopyPem(Pem("server.key"), dir_.File("live.key"));
+    auto started = ServerProcess::Start({"--tls_cert=" + dir_.File("live.pem"),
+                                         "--tls_key=" + dir_.File("live.key"),
+                                         "--tls_reload_interval=" + interval});
+    EXPECT_TRUE(started.ok()) << started.status();
+    return started.ok() ? *std::move(started) : nullptr;
+  }
+
+  // Whether a new client with `base`'s options, trusting the PKI's `ca`
+  // instead, is served within `within` (tried at least once).
+  static bool ServedTo(const ClientOptions& base, const std::string& ca, absl::Duration within) {
+    ClientOptions options = base;
+    options.root_certs_path = Pem(ca);
+    options.default_timeout = absl::Seconds(5);
+    const absl::Time deadline = absl::Now() + within;
+    while (true) {
+      auto client = Client::Create(options);
+      if (client.ok() && (*client)->GetServerInfo().ok()) return true;
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+
   // Waits up to 10 s for the server's log to contain `text`.
   static bool WaitForLog(const ServerProcess& server, const std::string& text) {
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -519,83 +552,46 @@ TEST_F(SecurityTest, AChangedTokenFileIsReadWithoutASignal) {
 
 // The certificate and key files replaced while the server runs (a renewal,
 // a Secret's rotation): new connections get the new pair within
-// --tls_reload_interval, or at once on SIGHUP, and no restart is needed.
-// While only the key is new the old pair is still served.
+// --tls_reload_interval, and no restart is needed. While only the key is
+// new the old pair is still served.
 TEST_F(SecurityTest, ReplacedCertificatesServeNewConnections) {
-  auto copy = [&](const std::string& from, const std::string& to) {
-    std::ifstream in(Pem(from), std::ios::binary);
-    WriteFile(dir_.File(to), std::string(std::istreambuf_iterator<char>(in), {}));
-  };
-  copy("server.pem", "live.pem");
-  copy("server.key", "live.key");
-  auto started =
-      ServerProcess::Start({"--tls_cert=" + dir_.File("live.pem"),
-                            "--tls_key=" + dir_.File("live.key"), "--tls_reload_interval=1s"});
-  ASSERT_TRUE(started.ok()) << started.status();
-  ServerProcess& server = **started;
-  auto trusting = [&](const std::string& ca) {
-    ClientOptions options = TlsOptions(server);
-    options.root_certs_path = Pem(ca);
-    options.default_timeout = absl::Seconds(5);
-    return NewClient(options);
-  };
-  auto served_by = [&](const std::string& ca, absl::Duration within) {
-    const absl::Time deadline = absl::Now() + within;
-    while (!trusting(ca)->GetServerInfo().ok()) {
-      if (absl::Now() > deadline) return false;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    return true;
-  };
-  EXPECT_TRUE(GemmWorks(*trusting("ca.pem")));
-  EXPECT_EQ(trusting("rogue-ca.pem")->GetServerInfo().status().code(),
-            absl::StatusCode::kUnavailable);
+  auto server = StartOnLiveFiles("1s");
+  ASSERT_NE(server, nullptr);
+  const ClientOptions base = TlsOptions(*server);
+  EXPECT_TRUE(ServedTo(base, "ca.pem", absl::ZeroDuration()));
+  EXPECT_FALSE(ServedTo(base, "rogue-ca.pem", absl::ZeroDuration()));
 
   // The key alone first: it is not the certificate's, so readings in
   // between keep serving the old pair.
-  copy("rogue-server.key", "live.key");
-  ASSERT_TRUE(WaitForLog(server, "not the private key of --tls_cert")) << server.Log();
+  CopyPem(Pem("rogue-server.key"), dir_.File("live.key"));
+  ASSERT_TRUE(WaitForLog(*server, "not the private key of --tls_cert")) << server->Log();
   absl::SleepFor(absl::Milliseconds(1500));  // gRPC reads its copy every second
-  EXPECT_TRUE(GemmWorks(*trusting("ca.pem"))) << server.Log();
-  copy("rogue-server.pem", "live.pem");
-  ASSERT_TRUE(served_by("rogue-ca.pem", absl::Seconds(15)))
+  EXPECT_TRUE(ServedTo(base, "ca.pem", absl::ZeroDuration())) << server->Log();
+  CopyPem(Pem("rogue-server.pem"), dir_.File("live.pem"));
+  ASSERT_TRUE(ServedTo(base, "rogue-ca.pem", absl::Seconds(15)))
       << "the new certificate was not served within 15 s\n"
-      << server.Log();
-  EXPECT_TRUE(GemmWorks(*trusting("rogue-ca.pem")));
-  EXPECT_EQ(trusting("ca.pem")->GetServerInfo().status().code(), absl::StatusCode::kUnavailable);
+      << server->Log();
+  EXPECT_FALSE(ServedTo(base, "ca.pem", absl::ZeroDuration()));
+  ClientOptions rotated = base;
+  rotated.root_certs_path = Pem("rogue-ca.pem");
+  EXPECT_TRUE(GemmWorks(*NewClient(rotated)));
 }
 
-// With a long interval, SIGHUP reads the files at once.
+// With a long interval, SIGHUP reads the files at once; a broken key is
+// logged and changes nothing.
 TEST_F(SecurityTest, SighupReadsTheTlsFilesAgain) {
-  auto copy = [&](const std::string& from, const std::string& to) {
-    std::ifstream in(Pem(from), std::ios::binary);
-    WriteFile(dir_.File(to), std::string(std::istreambuf_iterator<char>(in), {}));
-  };
-  copy("server.pem", "live.pem");
-  copy("server.key", "live.key");
-  auto started =
-      ServerProcess::Start({"--tls_cert=" + dir_.File("live.pem"),
-                            "--tls_key=" + dir_.File("live.key"), "--tls_reload_interval=1h"});
-  ASSERT_TRUE(started.ok()) << started.status();
-  ServerProcess& server = **started;
-  copy("rogue-server.key", "live.key");
-  copy("rogue-server.pem", "live.pem");
-  server.Signal(SIGHUP);
-  ASSERT_TRUE(WaitForLog(server, "TLS files read: changed")) << server.Log();
-  ClientOptions options = TlsOptions(server);
-  options.root_certs_path = Pem("rogue-ca.pem");
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  bool served = false;
-  while (!served && absl::Now() < deadline) {
-    served = NewClient(options)->GetServerInfo().ok();
-    if (!served) absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_TRUE(served) << server.Log();
-  // A broken key is logged and changes nothing.
+  auto server = StartOnLiveFiles("1h");
+  ASSERT_NE(server, nullptr);
+  const ClientOptions base = TlsOptions(*server);
+  CopyPem(Pem("rogue-server.key"), dir_.File("live.key"));
+  CopyPem(Pem("rogue-server.pem"), dir_.File("live.pem"));
+  server->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForLog(*server, "TLS files read: changed")) << server->Log();
+  EXPECT_TRUE(ServedTo(base, "rogue-ca.pem", absl::Seconds(10))) << server->Log();
   WriteFile(dir_.File("live.key"), "not a key\n");
-  server.Signal(SIGHUP);
-  ASSERT_TRUE(WaitForLog(server, "the previous TLS files stay in use")) << server.Log();
-  EXPECT_TRUE(NewClient(options)->GetServerInfo().ok()) << server.Log();
+  server->Signal(SIGHUP);
+  ASSERT_TRUE(WaitForLog(*server, "the previous TLS files stay in use")) << server->Log();
+  EXPECT_TRUE(ServedTo(base, "rogue-ca.pem", absl::ZeroDuration())) << server->Log();
 }
 
 TEST_F(SecurityTest, InconsistentSecurityFlagsStopTheServer) {

@@ -198,6 +198,9 @@ TEST(ShutdownTest, CallsDuringShutdownAreUnavailableNeverCancelled) {
   ASSERT_TRUE(server.ok()) << server.status();
   auto client = (*server)->NewClient(absl::Seconds(10));
   ASSERT_TRUE(client->Echo(MakeEcho(v1::FLOAT32, {3})).ok());
+  const std::vector<float> data(16, 1.0f);
+  absl::StatusOr<v1::TensorInfo> kept = client->Upload(v1::FLOAT32, {16}, data.data());
+  ASSERT_TRUE(kept.ok()) << kept.status();
 
   auto stub = v1::Compute::NewStub(client->channel());
   grpc::ClientContext batch_ctx;
@@ -232,6 +235,12 @@ TEST(ShutdownTest, CallsDuringShutdownAreUnavailableNeverCancelled) {
     });
   }
   for (std::thread& t : callers) t.join();
+  // Transfers started during the drain are refused the same way (they were
+  // accepted, to be cut off when the drain ended).
+  absl::Status upload = client->Upload(v1::FLOAT32, {16}, data.data()).status();
+  EXPECT_EQ(upload.code(), absl::StatusCode::kUnavailable) << upload;
+  absl::Status download = client->DownloadTensor(kept->handle()).status();
+  EXPECT_EQ(download.code(), absl::StatusCode::kUnavailable) << download;
   batch->WritesDone();
   v1::BatchResponse answer;
   while (batch->Read(&answer)) {

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import secrets
-import threading
 import time
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -213,38 +212,38 @@ class Settings:
         return s, min(c, max(1, self.max_message_bytes - MESSAGE_OVERHEAD))
 
 
-class ConnectionWatch:
-    """The connectivity of one blocking grpc.Channel, followed through a subscription.
+def wait_connected_blocking(channel: grpc.Channel, seconds: float) -> None:
+    """Unless `seconds` is 0 or the channel is connected: asks it to connect and waits up to
+    `seconds` for it to be (the call then goes either way). Without this, one failed
+    connection attempt fails every call started while gRPC backs off before the next, however
+    briefly the server was out of reach; calls that are not retried (Upload, Free, Batch) would
+    report UNAVAILABLE for a server that is up.
 
-    Without it, one failed connection attempt fails every call started while gRPC backs off
-    before the next attempt, however briefly the server was out of reach; calls that are not
-    retried (Upload, Free, Batch) would report UNAVAILABLE for a server that is up."""
-
-    def __init__(self, channel: grpc.Channel) -> None:
-        self._channel = channel
-        self._ready = threading.Event()
-        channel.subscribe(self._update, try_to_connect=False)
-
-    def _update(self, state: grpc.ChannelConnectivity) -> None:
-        if state == grpc.ChannelConnectivity.READY:
-            self._ready.set()
-        else:
-            self._ready.clear()
-
-    def close(self) -> None:
-        """Ends the subscription; before the channel closes, or gRPC's polling thread may find
-        the channel closed under it (a ValueError printed from that thread)."""
-        self._channel.unsubscribe(self._update)
-
-    def wait(self, seconds: float) -> None:
-        """Returns at once while the channel is connected or when `seconds` is 0; else asks it
-        to connect and waits up to `seconds` for it to be (the call then goes either way)."""
-        if seconds <= 0 or self._ready.is_set():
-            return
+    It asks the channel's state in the calling thread (grpcio's Cython channel, as grpcio's own
+    polling does), not through subscribe(): a subscription's polling thread may find the channel
+    closed under it and print a ValueError. Where grpcio has no such channel, the public
+    channel_ready_future does it."""
+    if seconds <= 0:
+        return
+    core = getattr(channel, "_channel", None)
+    if core is None or not hasattr(core, "watch_connectivity_state"):
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=seconds)
+            grpc.channel_ready_future(channel).result(timeout=seconds)
         except grpc.FutureTimeoutError:
             pass
+        return
+    ready = grpc.ChannelConnectivity.READY.value[0]
+    deadline = time.monotonic() + seconds
+    try:
+        state = core.check_connectivity_state(True)
+        while state != ready:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            core.watch_connectivity_state(state, time.time() + min(remaining, 0.2))
+            state = core.check_connectivity_state(True)
+    except ValueError:  # the channel was closed meanwhile: the call will say so
+        return
 
 
 async def wait_connected(channel: Any, seconds: float) -> None:

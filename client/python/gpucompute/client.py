@@ -12,8 +12,8 @@ import numpy as np
 from gpucompute import _offload, _transfer, _wire, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
-from gpucompute._channel import (SERVICE, ConnectionWatch, Deadline, Settings,
-                                 split_transfer)
+from gpucompute._channel import (SERVICE, Deadline, Settings, split_transfer,
+                                 wait_connected_blocking)
 from gpucompute._tensors import Operand, invalid, operand
 from gpucompute.errors import ComputeError
 from gpucompute.ops import ArrayLike, Resident
@@ -144,8 +144,6 @@ class Client(Operations):
         self._methods: dict = {}
         self._lock = threading.Lock()
         self._transfer_channels: List[grpc.Channel] = []
-        # ConnectionWatch by channel (None: the main one), made on first use.
-        self._watches: Dict[Optional[int], ConnectionWatch] = {}
 
     @property
     def settings(self) -> Settings:
@@ -186,10 +184,8 @@ class Client(Operations):
         if seconds <= 0:
             return
         with self._lock:
-            watch = self._watches.get(channel)
-            if watch is None:
-                watch = self._watches[channel] = ConnectionWatch(self._channel_at(channel))
-        watch.wait(seconds)
+            ch = self._channel_at(channel)
+        wait_connected_blocking(ch, seconds)
 
     def _call_kwargs(self, timeout: Optional[float], wait_for_ready: bool) -> dict:
         return dict(timeout=self._settings.timeout(timeout), metadata=self._settings.metadata(),
@@ -476,12 +472,8 @@ class Client(Operations):
         """Closes the channels; calls in flight are cancelled."""
         with self._lock:
             channels = [self._channel] + self._transfer_channels
-            watches = list(self._watches.values())
             self._transfer_channels = []
             self._methods.clear()
-            self._watches.clear()
-        for watch in watches:
-            watch.close()
         for ch in channels:
             ch.close()
 
