@@ -247,7 +247,8 @@ def wait_connected_blocking(channel: grpc.Channel, seconds: float) -> None:
 
 
 async def wait_connected(channel: Any, seconds: float) -> None:
-    """As ConnectionWatch.wait, for a grpc.aio.Channel."""
+    """As wait_connected_blocking, for a grpc.aio.Channel (whose state is asked without a
+    polling thread)."""
     if seconds <= 0:
         return
     if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
