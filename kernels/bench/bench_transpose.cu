@@ -125,10 +125,10 @@ void TransposeCase(Context& ctx, cublasHandle_t blas, cublasLtHandle_t lt, int64
 }
 
 // A permutation through LaunchPermute (default variant), against a copy of the
-// same bytes. `route` names the path the permutation takes; the tests check
+// same bytes, recorded under the name of the route that ran; the tests check
 // the results.
 void PermuteCase(Context& ctx, std::initializer_list<int64_t> shape,
-                 std::initializer_list<int> perm, DType t, const char* route) {
+                 std::initializer_list<int> perm, DType t) {
   kernels::PermuteArgs a;
   a.rank = int(shape.size());
   int i = 0;
@@ -152,8 +152,8 @@ void PermuteCase(Context& ctx, std::initializer_list<int64_t> shape,
   const double bytes = 2.0 * double(n) * double(es);
   GC_CUDA_CHECK(kernels::LaunchPermute(a, "", ctx.stream()));
   double ms = ctx.Time([&](cudaStream_t st) { kernels::LaunchPermute(a, "", st); });
-  ctx.Record({"permute", name, DTypeName(t), std::string("default/") + route, ms, bytes, 0, 0, 0,
-              true, ""},
+  ctx.Record({"permute", name, DTypeName(t), "default/" + kernels::PermuteVariantName(a, ""), ms,
+              bytes, 0, 0, 0, true, ""},
              true);
 }
 
@@ -171,10 +171,10 @@ void BenchTranspose(Context& ctx) {
   TransposeCase(ctx, blas, lt, 64, 1024, 1024, DType::kF32);
   TransposeCase(ctx, blas, lt, 64, 1024, 1024, DType::kBF16);
   if (ctx.Wants("permute")) {
-    PermuteCase(ctx, {64, 512, 2048}, {1, 0, 2}, DType::kF32, "row_copy");
-    PermuteCase(ctx, {64, 64, 64, 256}, {2, 0, 1, 3}, DType::kBF16, "row_copy");
-    PermuteCase(ctx, {256, 512, 512}, {2, 1, 0}, DType::kF32, "gather");
-    PermuteCase(ctx, {8192, 4, 8192}, {2, 1, 0}, DType::kF32, "gather");
+    PermuteCase(ctx, {64, 512, 2048}, {1, 0, 2}, DType::kF32);
+    PermuteCase(ctx, {64, 64, 64, 256}, {2, 0, 1, 3}, DType::kBF16);
+    PermuteCase(ctx, {256, 512, 512}, {2, 1, 0}, DType::kF32);
+    PermuteCase(ctx, {8192, 4, 8192}, {2, 1, 0}, DType::kF32);
   }
   cublasLtDestroy(lt);
   cublasDestroy(blas);

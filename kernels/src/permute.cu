@@ -9,29 +9,33 @@
 // identity -> cudaMemcpyAsync; last axis kept -> batched row copy (widest
 // vector the row length and pointers allow, 32-bit multiply-shift index
 // math); batched 2-D transpose -> the transpose ladder (transpose.cu); other
-// patterns -> one thread per output element, writes coalesced, reads gathered
-// ([256,512,512]->(2,1,0) fp32 893 GB/s, 0.21). The default's choice among
-// the routes is src/heuristics/transpose_heuristics.h.
+// patterns -> a 64x64 tile between the two moving axes, or one thread per
+// output element for tensors under one tile. The default's choice among the
+// routes is src/heuristics/transpose_heuristics.h.
 //
 // Routes, with what each measured through the server's path
-// (tests/sweep/memops_sweep.cc, 2026-12-01, device busy time, us; table in
-// kernels/bench/results/sweep-memops.md):
-//   row_copy_grouped  a thread group per row, vectors along it ([64,512,2048]
-//                     (1,0,2) fp32 2996 GB/s, 0.72 of copy, an earlier run):
-//                     short rows leave each thread one vector per row.
-//   row_copy          one 16-byte vector per thread, four in flight, the row
-//                     found by division: [8,512,16,128] (0,2,1,3) bf16 37.4
-//                     -> 18.9 (PyTorch 24.3); [96,512,384] (1,0,2) bf16 48.7
-//                     -> 36.6 (PyTorch 50.0). Rows that are not whole 16-byte
-//                     vectors go to gather, which won there ([33,257,129]
-//                     (1,0,2) fp32: 6.2 against row_copy 12.5).
-//   tiled             a 32x32 shared-memory tile between the input's last
-//                     axis and the output's: slower than gather on every
-//                     shape tried ([96,512,384] (2,1,0) fp32 159.6 against
-//                     144.0; [16,32,64,128] (3,2,1,0) 66.0 against 28.5): its
-//                     tiles read and write 32 rows far apart. A variant only.
-//   gather            the default for other permutations (at 0.95-1.05x of
-//                     PyTorch's copy kernel there).
+// (tests/sweep/memops_sweep.cc, 2026-12-01 23:08 UTC, device busy time, us;
+// table in kernels/bench/results/sweep-memops.md):
+//   row_copy_grouped  a thread group per row, vectors along it: [8,512,16,128]
+//                     (0,2,1,3) fp32 18.9; short rows leave each thread one
+//                     vector per row. A variant.
+//   row_copy          one vector per thread, four in flight, the row found by
+//                     division: [8,512,16,128] (0,2,1,3) fp32 17.3 (copy of
+//                     the same bytes 16.7, PyTorch 29.5), bf16 7.9 (PyTorch
+//                     24.2); [96,512,384] (1,0,2) fp32 38.4 (copy 35.8).
+//                     Before its index loop had a fixed trip count the
+//                     parameter arrays went to a 128-byte stack frame per
+//                     thread: 33.5 and 18.5 on the first two.
+//   tiled             a 64x64 shared-memory tile between the input's last
+//                     axis and the output's, 32x4 threads with 32 elements
+//                     each: [96,512,384] (2,1,0) fp32 41.4 (gather 144.2,
+//                     PyTorch 136.7, copy 35.6); [16,32,64,128] (3,2,1,0)
+//                     fp32 16.9 (gather 28.5). The 32x32 tile with 4
+//                     elements per thread it replaced was slower than gather
+//                     everywhere (159.6 and 66.0 there).
+//   gather            one thread per output element, writes coalesced: the
+//                     default under one tile ([2,3,4,5] (3,1,2,0) 1.0 against
+//                     tiled 1.9).
 #include "gpucompute/kernels/transpose.h"
 
 #include <algorithm>
@@ -78,6 +82,35 @@ struct RowCopyParams {
   FastDivmod fdim[3];  // dim[] as FastDivmod, used when kFast32
 };
 
+// Input offset (in vectors) of output row `row`. The loop has a fixed trip
+// count so the parameter arrays are indexed by constants: indexed by p.nd
+// itself they were copied to a 128-byte stack frame per thread, whose traffic
+// halved the row copy's speed.
+template <bool kFast32>
+__device__ __forceinline__ int64_t RowOffset(const RowCopyParams& p, int64_t row) {
+  int64_t off = 0;
+  if constexpr (kFast32) {
+    uint32_t rest = uint32_t(row);
+#pragma unroll
+    for (int d = 2; d >= 0; --d) {
+      if (d >= p.nd) continue;
+      const uint32_t q = p.fdim[d].Div(rest);
+      off += int64_t(rest - q * p.fdim[d].div) * p.stride[d];
+      rest = q;
+    }
+  } else {
+    int64_t rest = row;
+#pragma unroll
+    for (int d = 2; d >= 0; --d) {
+      if (d >= p.nd) continue;
+      const int64_t q = rest / p.dim[d];
+      off += (rest - q * p.dim[d]) * p.stride[d];
+      rest = q;
+    }
+  }
+  return off;
+}
+
 template <typename VT, bool kFast32>
 __global__ void __launch_bounds__(256) RowCopyKernel(RowCopyParams p) {
   const VT* in = static_cast<const VT*>(p.in);
@@ -86,22 +119,7 @@ __global__ void __launch_bounds__(256) RowCopyKernel(RowCopyParams p) {
   const int groups = blockDim.x >> p.group_log2;
   const int64_t first = blockIdx.x * int64_t(groups) + (threadIdx.x >> p.group_log2);
   for (int64_t row = first; row < p.rows; row += int64_t(gridDim.x) * groups) {
-    int64_t off = 0;
-    if constexpr (kFast32) {
-      uint32_t rest = uint32_t(row);
-      for (int d = p.nd - 1; d >= 0; --d) {
-        const uint32_t q = p.fdim[d].Div(rest);
-        off += int64_t(rest - q * p.fdim[d].div) * p.stride[d];
-        rest = q;
-      }
-    } else {
-      int64_t rest = row;
-      for (int d = p.nd - 1; d >= 0; --d) {
-        const int64_t q = rest / p.dim[d];
-        off += (rest - q * p.dim[d]) * p.stride[d];
-        rest = q;
-      }
-    }
+    const int64_t off = RowOffset<kFast32>(p, row);
     const VT* src = in + off;
     VT* dst = out + row * p.row_vecs;
     const int g = 1 << p.group_log2;
@@ -174,25 +192,15 @@ __global__ void __launch_bounds__(256) RowCopyFlatKernel(RowCopyParams p, FastDi
     for (int k = 0; k < kUnroll; ++k) {
       const int64_t i = base + int64_t(k) * blockDim.x;
       if (i >= total) break;
-      int64_t off;
+      int64_t row, col;
       if constexpr (kFast32) {
-        uint32_t rest = fvecs.Div(uint32_t(i));
-        off = int64_t(uint32_t(i) - rest * fvecs.div);
-        for (int d = p.nd - 1; d >= 0; --d) {
-          const uint32_t q = p.fdim[d].Div(rest);
-          off += int64_t(rest - q * p.fdim[d].div) * p.stride[d];
-          rest = q;
-        }
+        row = fvecs.Div(uint32_t(i));
+        col = int64_t(uint32_t(i) - uint32_t(row) * fvecs.div);
       } else {
-        int64_t rest = i / p.row_vecs;
-        off = i - rest * p.row_vecs;
-        for (int d = p.nd - 1; d >= 0; --d) {
-          const int64_t q = rest / p.dim[d];
-          off += (rest - q * p.dim[d]) * p.stride[d];
-          rest = q;
-        }
+        row = i / p.row_vecs;
+        col = i - row * p.row_vecs;
       }
-      x[k] = in[off];
+      x[k] = in[RowOffset<kFast32>(p, row) + col];
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -203,10 +211,12 @@ __global__ void __launch_bounds__(256) RowCopyFlatKernel(RowCopyParams p, FastDi
 }
 
 // Tiled permutation: the input's last axis L and the axis A that becomes the
-// output's last are tiled 32 x 32 through shared memory (padded: no bank
-// conflicts), so that reads run along L and writes along A, both coalesced;
-// the other (up to two) axes index the tile's batch. 32 x 8 threads, each
-// moving 4 elements per side.
+// output's last are tiled 64 x 64 through shared memory (padded by one 32-bit
+// word per row: no bank conflicts), so that reads run along L and writes along
+// A, both coalesced; the other (up to two) axes index the tile's batch. 32 x 4
+// threads, each moving 2 columns x 16 rows per side (the access pattern of the
+// transpose ladder's coarsened_64; the 32x32 tile with 4 rows per thread this
+// replaced lost to gather on every shape, 0.6-0.9x).
 struct TiledParams {
   const void* in;
   void* out;
@@ -218,41 +228,57 @@ struct TiledParams {
   int64_t tiles_a, tiles_l, tiles;  // tiles = batches * tiles_a * tiles_l
 };
 
+struct TiledConfig {
+  static constexpr int kTile = 64, kThreadsX = 32, kThreadsY = 4;
+  static constexpr int kThreads = kThreadsX * kThreadsY;
+  static constexpr int kCols = kTile / kThreadsX, kRows = kTile / kThreadsY;
+};
+
 template <typename T>
-__global__ void __launch_bounds__(256) TiledPermuteKernel(TiledParams p) {
-  constexpr int kTile = 32, kRowsY = 8;
-  __shared__ T tile[kTile][kTile + 1];
+__global__ void __launch_bounds__(TiledConfig::kThreads) TiledPermuteKernel(TiledParams p) {
+  using Cfg = TiledConfig;
+  __shared__ T tile[Cfg::kTile][Cfg::kTile + int(4 / sizeof(T))];
   const T* in = static_cast<const T*>(p.in);
   T* out = static_cast<T*>(p.out);
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int tx = threadIdx.x % Cfg::kThreadsX, ty = threadIdx.x / Cfg::kThreadsX;
   for (int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
     const int64_t tl = t % p.tiles_l;
     int64_t rest = t / p.tiles_l;
     const int64_t ta = rest % p.tiles_a;
     rest /= p.tiles_a;
     int64_t in_base = 0, out_base = 0;
-    for (int d = p.nb - 1; d >= 0; --d) {
+#pragma unroll
+    for (int d = 1; d >= 0; --d) {  // constant indices: the arrays stay in registers
+      if (d >= p.nb) continue;
       const int64_t q = rest / p.bdim[d];
       const int64_t c = rest - q * p.bdim[d];
       in_base += c * p.in_bstride[d];
       out_base += c * p.out_bstride[d];
       rest = q;
     }
-    const int64_t a0 = ta * kTile, l0 = tl * kTile;
-    T v[kTile / kRowsY];  // every load in flight before the first store
+    const int64_t a0 = ta * Cfg::kTile, l0 = tl * Cfg::kTile;
+    T v[Cfg::kRows][Cfg::kCols];  // every load in flight before the first store
 #pragma unroll
-    for (int j = 0; j < kTile / kRowsY; ++j) {
-      const int64_t a = a0 + ty + j * kRowsY, l = l0 + tx;
-      if (a < p.len_a && l < p.len_l) v[j] = in[in_base + a * p.in_stride_a + l];
-    }
+    for (int j = 0; j < Cfg::kRows; ++j)
 #pragma unroll
-    for (int j = 0; j < kTile / kRowsY; ++j) tile[ty + j * kRowsY][tx] = v[j];
+      for (int x = 0; x < Cfg::kCols; ++x) {
+        const int64_t a = a0 + ty + j * Cfg::kThreadsY, l = l0 + tx + x * Cfg::kThreadsX;
+        if (a < p.len_a && l < p.len_l) v[j][x] = in[in_base + a * p.in_stride_a + l];
+      }
+#pragma unroll
+    for (int j = 0; j < Cfg::kRows; ++j)
+#pragma unroll
+      for (int x = 0; x < Cfg::kCols; ++x)
+        tile[ty + j * Cfg::kThreadsY][tx + x * Cfg::kThreadsX] = v[j][x];
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kTile / kRowsY; ++j) {
-      const int64_t l = l0 + ty + j * kRowsY, a = a0 + tx;
-      if (a < p.len_a && l < p.len_l) out[out_base + l * p.out_stride_l + a] = tile[tx][ty + j * kRowsY];
-    }
+    for (int j = 0; j < Cfg::kRows; ++j)
+#pragma unroll
+      for (int x = 0; x < Cfg::kCols; ++x) {
+        const int ol = ty + j * Cfg::kThreadsY, oa = tx + x * Cfg::kThreadsX;
+        const int64_t l = l0 + ol, a = a0 + oa;
+        if (a < p.len_a && l < p.len_l) out[out_base + l * p.out_stride_l + a] = tile[oa][ol];
+      }
     __syncthreads();
   }
 }
@@ -457,12 +483,12 @@ cudaError_t LaunchTiled(const PermuteArgs& a, const Canonical& c, cudaStream_t s
     batches *= c.shape[d];
     ++p.nb;
   }
-  p.tiles_a = CeilDiv(p.len_a, 32);
-  p.tiles_l = CeilDiv(p.len_l, 32);
+  p.tiles_a = CeilDiv(p.len_a, TiledConfig::kTile);
+  p.tiles_l = CeilDiv(p.len_l, TiledConfig::kTile);
   p.tiles = batches * p.tiles_a * p.tiles_l;
   const unsigned grid = GridFor(p.tiles, 1);
-  if (DTypeSize(a.dtype) == 4) TiledPermuteKernel<uint32_t><<<grid, 256, 0, s>>>(p);
-  else TiledPermuteKernel<uint16_t><<<grid, 256, 0, s>>>(p);
+  if (DTypeSize(a.dtype) == 4) TiledPermuteKernel<uint32_t><<<grid, TiledConfig::kThreads, 0, s>>>(p);
+  else TiledPermuteKernel<uint16_t><<<grid, TiledConfig::kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 
@@ -557,7 +583,7 @@ std::string PermuteVariantName(const PermuteArgs& args, std::string_view variant
     case Route::kTranspose:
       return TransposeVariantName(AsTranspose(args, c), variant);
     case Route::kGeneral:
-      return std::string(ChooseGeneral());
+      return std::string(ChooseGeneral(NumElements(args)));
   }
   return {};
 }

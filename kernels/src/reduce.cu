@@ -45,7 +45,8 @@
 //                vector walking the axis, no workspace: [128, 3, 4096] fp32
 //                10.3 -> 2.6 (PyTorch 6.4); [1000, 37, 7] 3.8 -> 3.1.
 // All elements of a large tensor take "vec" (no counters to clear): [10^5]
-// fp32 single_pass 4.5 -> 3.2 (CUB 2.7); 10^9 bf16: 451.4 (PyTorch 471.8).
+// fp32 single_pass 4.5 -> 3.2, 3.1 with one round of loads per block (CUB
+// 2.7; the sweep of 2026-12-01 23:08 UTC); 10^9 bf16: 452.5 (PyTorch 471.5).
 //
 // Determinism: every combination order is fixed by the arguments and the SM
 // count (block partials in index order, fixed shuffle trees); there are no
@@ -248,10 +249,13 @@ struct RowVecParams {
   OutSpec out;
 };
 
+// 16-byte loads each thread of RowVecKernel keeps in flight.
+constexpr int kRowVecUnroll = 4;
+
 template <class Op, typename T>
 __global__ void __launch_bounds__(kThreads) RowVecKernel(RowVecParams p) {
   constexpr int V = 16 / int(sizeof(T));
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = kRowVecUnroll;
   __shared__ float scratch[kWarps];
   __shared__ bool is_last;
   const T* in = static_cast<const T*>(p.in);
@@ -595,8 +599,12 @@ Rung ParseRung(std::string_view v) {
 
 // Blocks of kThreads the vector rungs aim to keep busy per SM.
 constexpr int kBlocksPerSm = 4;
-// Fewest elements (row case) or axis rows (column case) per split.
-constexpr int64_t kMinRowChunk = 8192;
+// Fewest elements per split of a row: one round of kRowVecUnroll 16-byte loads
+// per thread (4096 fp32, 8192 16-bit elements), so a split row's blocks each
+// wait on memory once ([10^5] fp32: 25 blocks of 4096 instead of 13 of 7744
+// with a second round of loads: 3.20 -> 3.14 us of device time).
+int64_t MinRowChunk(DType t) { return int64_t(kThreads) * kRowVecUnroll * int64_t(16 / DTypeSize(t)); }
+// Fewest axis rows per split (column case).
 constexpr int64_t kMinColRows = 64;
 constexpr size_t kAlign = 256;
 
@@ -645,7 +653,7 @@ Plan MakePlan(const ReduceArgs& a, Rung rung) {
   const int64_t target = TargetBlocks();
   if (!p.column) {
     int64_t split = 1;
-    if (a.outer < target) split = std::min(CeilDiv(target, a.outer), CeilDiv(a.axis, kMinRowChunk));
+    if (a.outer < target) split = std::min(CeilDiv(target, a.outer), CeilDiv(a.axis, MinRowChunk(a.in_type)));
     split = std::max<int64_t>(split, 1);
     p.chunk = CeilDiv(CeilDiv(a.axis, split), 64) * 64;
     p.split = CeilDiv(a.axis, p.chunk);

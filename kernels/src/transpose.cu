@@ -6,40 +6,50 @@
 // H200: a D2D copy of the same bytes, measured beside each case (0.504 ms for
 // 16384^2 fp32, 0.256 ms for fp16, i.e. ~4.2 TB/s read + write).
 //
-// Versions. MEASURED on the H200, 16384^2, GB/s (read + write) and ratio to
-// the D2D copy, fp32 / fp16 (bf16 the same within 1%); cuBLAS geam fp32 3972
-// (0.93), cuBLASLt MatrixTransform fp32 3488 (0.82) / fp16 2294 (0.55):
+// Versions. MEASURED on the H200 (kernels/bench/results/transpose.md,
+// 2026-12-01 23:07 UTC), 16384^2, GB/s (read + write) and ratio to the D2D
+// copy, fp32 / fp16 (bf16 the same within 1%); cuBLAS geam fp32 3971 (0.93),
+// cuBLASLt MatrixTransform fp32 3489 (0.82) / fp16 2293 (0.55):
 //   naive                  one thread per element, reads coalesced, writes
-//                          strided by R: 473 (0.11) / 277 (0.07).
+//                          strided by R: 472 (0.11) / 276 (0.07).
 //   smem                   32x32 threads stage a 32x32 tile in shared memory;
 //                          both global sides coalesced, the column read hits one
-//                          bank 32 times (16 for 2-byte): 831 (0.20) / 517 (0.12).
-//   smem_padded            tile padded to [32][33]: conflict free: 1105 (0.26) /
+//                          bank 32 times (16 for 2-byte): 832 (0.20) / 517 (0.12).
+//   smem_padded            tile padded to [32][33]: conflict free: 1107 (0.26) /
 //                          568 (0.14).
 //   coarsened              32x8 threads, each moving 4 rows of the padded tile:
-//                          4 loads in flight per thread: 3277 (0.77) / 1856 (0.44).
-//                          Any shape and alignment: the default when the 16-byte
-//                          rungs cannot run. Batched 64x1024x1024 fp32: 0.84,
-//                          ahead of coarsened_vec (0.77) there.
+//                          4 loads in flight per thread: 3278 (0.77) / 1855 (0.44).
 //   coarsened_vec          16-byte loads and stores on both global sides through
 //                          an XOR-swizzled tile (conflict free without padding,
 //                          which would break 16-byte alignment); tiles 64x64
-//                          fp32, 128x128 16-bit: 3365 (0.79) / 2141 (0.51).
-//                          Default for fp32.
+//                          fp32, 128x128 16-bit: 3370 (0.79) / 2141 (0.51).
 //   coarsened_vec_grouped  the same kernel, tiles visited in bands of 16 tile
 //                          rows (R first inside a band) so tiles in flight cover
-//                          a squarish patch: runs of several tiles on both the
-//                          read and the write side: 3205 (0.75, a regression) /
-//                          2671 (0.64, +25%). Default for fp16/bf16.
+//                          a squarish patch: 3208 (0.75) / 2670 (0.64).
 //   pipelined              persistent blocks, cp.async straight into the swizzled
 //                          tile, 3 stages (fp32 64x64) or 2 (16-bit 128x128):
-//                          3191 (0.75) / 2318 (0.55). More bytes in flight did
-//                          not help: the limit is the access pattern, not latency.
-//   pipelined_grouped      pipelined with the grouped order: 3204 (0.75) / 2323
-//                          (0.55).
-//   Tried and dropped (an earlier run the same day, pipelined's kernel): fp32 tiles
-//   32x128 and 128x64, 16-bit 64x128 and 64x64, 2 vs 3 vs 4 stages, R-first
-//   tile order: all within 0.74-0.75 (fp32) and 0.53-0.55 (16-bit) of copy.
+//                          3198 (0.75) / 2318 (0.55). More bytes in flight did
+//                          not help.
+//   pipelined_grouped      pipelined with the grouped order: 3192 (0.75) / 2327
+//                          (0.56).
+//   coarsened_64           a 64x64 padded tile, 64 bytes per thread each way
+//                          (fp32: 32x8 threads, 2 columns x 8 rows; 16-bit: 32x4,
+//                          2 x 16), element accesses (any shape and alignment),
+//                          fp32 tiles R first: 4109 (0.97) / 3360 (0.80). The
+//                          default for fp32 and for 16-bit shapes pairs refuses.
+//   pairs                  16-bit with even rows and cols: each 2x2 block is
+//                          two 32-bit words, transposed in registers by a byte
+//                          permute, so the tile moves 4-byte words like fp32:
+//                          128x128 elements, 32x8 threads: - / 3904 (0.93).
+//   pairs_64               the same on a 64x64 tile (32x4 threads), for
+//                          extents under 128: - / 3681 (0.88).
+// A tile study the same day (a scratch kernel family, CUDA events, 16384^2 and
+// 12288^2, 16-byte tiles 32..256 on a side, five tile orders, streaming and
+// L2-prefetch hints, bulk-copy stores) put every 16-byte-access tile at
+// 0.59-0.80 (fp32) and 0.40-0.64 (16-bit) of copy with plain stores, the best
+// at 0.80-0.88 with streaming stores; element tiles with 16 fp32 elements per
+// thread reached 0.94-0.97 (16-bit with 32: 0.77-0.85), and 16-bit pairs
+// through the same pattern 0.93-0.94.
 #include "gpucompute/kernels/transpose.h"
 
 #include <algorithm>
@@ -344,12 +354,156 @@ __global__ void __launch_bounds__(256) TransposePipeKernel(TransposeParams p) {
   CpAsyncWait<0>();
 }
 
-// ---- Host side --------------------------------------------------------------
-enum class Rung {
-  kNaive, kSmem, kSmemPadded, kCoarsened, kVec, kVecGrouped, kPipe, kPipeGrouped, kUnknown
+// ---- v9: 64x64 padded tile, 64 bytes per thread each way ---------------------
+// The rungs above keep 16 (coarsened_vec, fp32) or 4 (coarsened) elements per
+// thread; this one moves a 64x64 tile with 32x8 threads (fp32: 2 columns x 8
+// rows each) or 32x4 (16-bit: 2 x 16), plain element accesses (any shape and
+// alignment), the tile padded by one 32-bit word per row. fp32 visits tiles R
+// first (each band of concurrent tiles writes long runs of output rows).
+template <typename T>
+struct Coarsened64Config {
+  static constexpr int kTile = 64;  // (TILE_R, TILE_C) = (64, 64)
+  static constexpr int kThreadsX = 32;
+  static constexpr int kThreadsY = sizeof(T) == 4 ? 8 : 4;
+  static constexpr int kThreads = kThreadsX * kThreadsY;
+  static constexpr int kColsPerThread = kTile / kThreadsX;
+  static constexpr int kRowsPerThread = kTile / kThreadsY;
+  static constexpr int kPad = int(4 / sizeof(T));  // one 32-bit word per row
+  static constexpr bool kRowFirst = sizeof(T) == 4;
 };
 
-bool NeedsVectorAccess(Rung r) { return r >= Rung::kVec && r < Rung::kUnknown; }
+// Tile index -> coordinates, R fastest (DecodeTile runs C fastest).
+__device__ __forceinline__ TileCoord DecodeTileRowFirst(const TransposeParams& p, int64_t t,
+                                                        int tile_r, int tile_c) {
+  int64_t tr = t % p.tiles_r;
+  int64_t rest = t / p.tiles_r;
+  int64_t tc = rest % p.tiles_c;
+  return {rest / p.tiles_c, tr * tile_r, tc * tile_c};
+}
+
+template <typename T>
+__global__ void __launch_bounds__(Coarsened64Config<T>::kThreads)
+    TransposeCoarsened64Kernel(TransposeParams p) {
+  using Cfg = Coarsened64Config<T>;
+  constexpr int kRows = Cfg::kRowsPerThread, kCols = Cfg::kColsPerThread;
+  __shared__ T tile[Cfg::kTile][Cfg::kTile + Cfg::kPad];
+  const T* in = static_cast<const T*>(p.in);
+  T* out = static_cast<T*>(p.out);
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t total = p.batch * p.tiles_r * p.tiles_c;
+  const int64_t rc = p.rows * p.cols;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    const TileCoord tc = Cfg::kRowFirst ? DecodeTileRowFirst(p, t, Cfg::kTile, Cfg::kTile)
+                                        : DecodeTile(p, t, Cfg::kTile, Cfg::kTile);
+    const T* src = in + tc.b * rc;
+    T* dst = out + tc.b * rc;
+    T v[kRows][kCols];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k)
+#pragma unroll
+      for (int x = 0; x < kCols; ++x) {
+        const int64_t r = tc.r0 + ty + k * Cfg::kThreadsY, c = tc.c0 + tx + x * Cfg::kThreadsX;
+        if (r < p.rows && c < p.cols) v[k][x] = src[r * p.cols + c];
+      }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k)
+#pragma unroll
+      for (int x = 0; x < kCols; ++x)
+        tile[ty + k * Cfg::kThreadsY][tx + x * Cfg::kThreadsX] = v[k][x];
+    __syncthreads();
+    // Output tile: rows c0.. (one per input column), lanes along r.
+#pragma unroll
+    for (int k = 0; k < Cfg::kTile / Cfg::kThreadsY; ++k)
+#pragma unroll
+      for (int x = 0; x < Cfg::kTile / Cfg::kThreadsX; ++x) {
+        const int oc = ty + k * Cfg::kThreadsY, orr = tx + x * Cfg::kThreadsX;
+        const int64_t orow = tc.c0 + oc, ocol = tc.r0 + orr;
+        if (orow < p.cols && ocol < p.rows) dst[orow * p.rows + ocol] = tile[orr][oc];
+      }
+    __syncthreads();
+  }
+}
+
+// ---- v10: 16-bit elements as 2x2 blocks of two 32-bit words ------------------
+// With rows and cols even, the 2x2 block (2i..2i+1, 2j..2j+1) is two 32-bit
+// words of the input (rows 2i and 2i+1) and, transposed, two words of the
+// output (rows 2j and 2j+1): a byte permute swaps their halves in registers.
+// What moves through shared memory is then a 4-byte transpose of the
+// [R/2, C/2] block grid, two word tiles at once, with the access pattern that
+// reaches the copy ceiling in fp32 (v9). kBlocks x kBlocks blocks per tile
+// (2 kBlocks elements square), 32 x kThreadsY threads.
+template <int kBlocks, int kThreadsY_>
+struct PairsConfig {
+  static constexpr int kTile = kBlocks;  // in blocks
+  static constexpr int kThreadsX = 32, kThreadsY = kThreadsY_;
+  static constexpr int kThreads = kThreadsX * kThreadsY;
+  static constexpr int kColsPerThread = kBlocks / kThreadsX;
+  static constexpr int kRowsPerThread = kBlocks / kThreadsY;
+  static_assert(kBlocks % kThreadsX == 0 && kBlocks % kThreadsY == 0, "whole blocks per thread");
+};
+// "pairs": 128x128 elements, 32x8 threads (16 blocks, 32 words per thread);
+// "pairs_64": 64x64 elements, 32x4 threads (8 blocks) for shapes with an
+// extent under 128, where the larger tile would run half empty.
+using PairsLarge = PairsConfig<64, 8>;
+using PairsSmall = PairsConfig<32, 4>;
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) TransposePairsKernel(TransposeParams p) {
+  constexpr int kRows = Cfg::kRowsPerThread, kCols = Cfg::kColsPerThread;
+  __shared__ uint32_t lo[Cfg::kTile][Cfg::kTile + 1];  // output rows 2j
+  __shared__ uint32_t hi[Cfg::kTile][Cfg::kTile + 1];  // output rows 2j + 1
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t rb = p.rows / 2, cb = p.cols / 2;  // block grid [rb, cb]
+  const int64_t words = p.rows * p.cols / 2;      // per matrix
+  const int64_t total = p.batch * p.tiles_r * p.tiles_c;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    const TileCoord tc = DecodeTile(p, t, Cfg::kTile, Cfg::kTile);  // in blocks
+    const uint32_t* src = static_cast<const uint32_t*>(p.in) + tc.b * words;
+    uint32_t* dst = static_cast<uint32_t*>(p.out) + tc.b * words;
+    uint32_t top[kRows][kCols], bottom[kRows][kCols];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k)
+#pragma unroll
+      for (int x = 0; x < kCols; ++x) {
+        const int64_t i = tc.r0 + ty + k * Cfg::kThreadsY, j = tc.c0 + tx + x * Cfg::kThreadsX;
+        if (i < rb && j < cb) {
+          top[k][x] = __ldg(src + 2 * i * cb + j);
+          bottom[k][x] = __ldg(src + (2 * i + 1) * cb + j);
+        }
+      }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k)
+#pragma unroll
+      for (int x = 0; x < kCols; ++x) {
+        const int i = ty + k * Cfg::kThreadsY, j = tx + x * Cfg::kThreadsX;
+        // Little-endian: the low half of a word is the element on the left.
+        lo[i][j] = __byte_perm(top[k][x], bottom[k][x], 0x5410);  // (2i, 2j), (2i+1, 2j)
+        hi[i][j] = __byte_perm(top[k][x], bottom[k][x], 0x7632);  // (2i, 2j+1), (2i+1, 2j+1)
+      }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < Cfg::kTile / Cfg::kThreadsY; ++k)
+#pragma unroll
+      for (int x = 0; x < Cfg::kTile / Cfg::kThreadsX; ++x) {
+        const int oj = ty + k * Cfg::kThreadsY, oi = tx + x * Cfg::kThreadsX;
+        const int64_t j = tc.c0 + oj, i = tc.r0 + oi;
+        if (j < cb && i < rb) {
+          dst[2 * j * rb + i] = lo[oi][oj];
+          dst[(2 * j + 1) * rb + i] = hi[oi][oj];
+        }
+      }
+    __syncthreads();
+  }
+}
+
+// ---- Host side --------------------------------------------------------------
+enum class Rung {
+  kNaive, kSmem, kSmemPadded, kCoarsened, kVec, kVecGrouped, kPipe, kPipeGrouped, kCoarsened64,
+  kPairs, kPairsSmall, kUnknown
+};
+
+bool NeedsVectorAccess(Rung r) { return r >= Rung::kVec && r <= Rung::kPipeGrouped; }
+bool IsPairs(Rung r) { return r == Rung::kPairs || r == Rung::kPairsSmall; }
 
 Rung ParseRung(std::string_view v) {
   if (v == "naive") return Rung::kNaive;
@@ -360,6 +514,9 @@ Rung ParseRung(std::string_view v) {
   if (v == "coarsened_vec_grouped") return Rung::kVecGrouped;
   if (v == "pipelined") return Rung::kPipe;
   if (v == "pipelined_grouped") return Rung::kPipeGrouped;
+  if (v == "coarsened_64") return Rung::kCoarsened64;
+  if (v == "pairs") return Rung::kPairs;
+  if (v == "pairs_64") return Rung::kPairsSmall;
   return Rung::kUnknown;
 }
 
@@ -382,6 +539,12 @@ Support CheckTranspose(const TransposeArgs& a, Rung rung) {
     if (!Aligned(a.in, 16) || !Aligned(a.out, 16))
       return Support::No("16-byte access needs 16-byte aligned pointers");
   }
+  if (IsPairs(rung)) {
+    if (es != 2) return Support::No("pairs moves 16-bit elements only");
+    if (a.rows % 2 || a.cols % 2) return Support::No("pairs needs even rows and cols");
+    if (!Aligned(a.in, 4) || !Aligned(a.out, 4))
+      return Support::No("pairs needs 4-byte aligned pointers");
+  }
   return Support::Yes();
 }
 
@@ -392,7 +555,7 @@ Rung ChooseRung(const TransposeArgs& a, std::string_view variant) {
   shape.rows = a.rows;
   shape.cols = a.cols;
   shape.dtype = a.dtype;
-  shape.vector_ok = bool(CheckTranspose(a, Rung::kVec));
+  shape.pairs_ok = bool(CheckTranspose(a, Rung::kPairs));
   return ParseRung(ChooseTranspose(shape, SmCount()));
 }
 
@@ -469,6 +632,26 @@ cudaError_t LaunchTransposeTyped(const TransposeArgs& a, Rung rung, cudaStream_t
       if (rung == Rung::kPipe) return go(PipeConfig<T, kTile, kTile, kStages, 0>{});
       return go(PipeConfig<T, kTile, kTile, kStages, kTileGroup>{});
     }
+    case Rung::kCoarsened64: {
+      using Cfg = Coarsened64Config<T>;
+      unsigned g = tiles(Cfg::kTile, Cfg::kTile);
+      TransposeCoarsened64Kernel<T><<<g, dim3(Cfg::kThreadsX, Cfg::kThreadsY), 0, s>>>(p);
+      break;
+    }
+    case Rung::kPairs:
+    case Rung::kPairsSmall: {
+      auto go = [&](auto cfg) {
+        using Cfg = decltype(cfg);
+        // Tiles counted in 2x2 blocks.
+        p.tiles_r = CeilDiv(a.rows / 2, int64_t(Cfg::kTile));
+        p.tiles_c = CeilDiv(a.cols / 2, int64_t(Cfg::kTile));
+        TransposePairsKernel<Cfg><<<GridFor(a.batch * p.tiles_r * p.tiles_c, 1),
+                                    dim3(Cfg::kThreadsX, Cfg::kThreadsY), 0, s>>>(p);
+      };
+      if (rung == Rung::kPairs) go(PairsLarge{});
+      else go(PairsSmall{});
+      break;
+    }
     default:
       return cudaErrorInvalidValue;
   }
@@ -480,7 +663,8 @@ cudaError_t LaunchTransposeTyped(const TransposeArgs& a, Rung rung, cudaStream_t
 const std::vector<std::string>& TransposeVariants() {
   static const std::vector<std::string> v = {
       "naive",     "smem",      "smem_padded",      "coarsened", "coarsened_vec",
-      "coarsened_vec_grouped", "pipelined", "pipelined_grouped"};
+      "coarsened_vec_grouped", "pipelined", "pipelined_grouped", "coarsened_64", "pairs",
+      "pairs_64"};
   return v;
 }
 

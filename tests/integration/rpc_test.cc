@@ -244,6 +244,20 @@ TEST_P(RpcTest, OutputDTypeConverts) {
     ASSERT_TRUE(c.ok()) << c.status();
     EXPECT_TRUE(Passes(CheckGemm(gemm, *c)));
 
+    // beta != 0: C is read at its own precision, whatever the output dtype.
+    v1::GemmRequest gemm_c = MakeGemm(GetParam(), {.m = 33, .n = 7, .k = 127, .beta = 0.5});
+    gemm_c.mutable_options()->set_output_dtype(out);
+    auto cc = client_->Gemm(gemm_c);
+    ASSERT_TRUE(cc.ok()) << cc.status();
+    EXPECT_TRUE(Passes(CheckGemm(gemm_c, *cc)));
+
+    // beta != 0: y is read at its own precision, whatever the output dtype.
+    v1::GemvRequest gemv = MakeGemv(GetParam(), {.m = 33, .k = 127, .ncols = 3, .beta = 0.5});
+    gemv.mutable_options()->set_output_dtype(out);
+    auto g = client_->Gemv(gemv);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(Passes(CheckGemv(gemv, *g)));
+
     v1::TransposeRequest transpose = MakeTranspose(GetParam(), {7, 33, 5}, {1, 2, 0});
     transpose.mutable_options()->set_output_dtype(out);
     auto t = client_->Transpose(transpose);

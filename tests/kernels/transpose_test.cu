@@ -85,7 +85,9 @@ std::vector<TransposeCase> TransposeCases() {
   const Shape shapes[] = {{1, 1, 1, 0},      {1, 1, 1000003, 0}, {1, 1000003, 1, 0},
                           {1, 31, 33, 0},    {1, 33, 31, 0},     {3, 64, 128, 0},
                           {2, 136, 72, 0},   {5, 128, 256, 0},   {1, 4097, 4099, 0},
-                          {1, 1024, 1024, 0}, {2, 64, 64, 1},    {1, 256, 520, 1}};
+                          {1, 1024, 1024, 0}, {2, 64, 64, 1},    {1, 256, 520, 1},
+                          {3, 258, 130, 0},  {2, 2, 1000002, 0}, {1, 1000002, 2, 0},
+                          {2, 190, 66, 2}};
   std::vector<std::string> variants = kernels::TransposeVariants();
   variants.insert(variants.begin(), "");
   std::vector<TransposeCase> v;
@@ -170,12 +172,15 @@ std::vector<PermuteCase> PermuteCases() {
       {{3, 5, 7, 9}, {1, 3, 0, 2}},         // general, odd extents
       {{5, 6, 40, 33}, {2, 0, 3, 1}},       // general, partial tiles on both sides
       {{70, 3, 66}, {2, 1, 0}},             // general, tiles of more than one block
+      {{130, 3, 2, 70}, {3, 2, 1, 0}},      // general, two batch axes, partial 64-tiles
+      {{4, 130, 5, 67}, {3, 1, 0, 2}},      // general, short output rows, two batch axes
   };
   std::vector<PermuteCase> v;
   for (const auto& [shape, perm] : perms)
     for (DType t : {DType::kF32, DType::kBF16})
       for (const char* var :
-           {"", "smem_padded", "row_copy", "row_copy_grouped", "tiled", "gather", "copy"})
+           {"", "smem_padded", "coarsened_64", "pairs", "row_copy", "row_copy_grouped", "tiled",
+            "gather", "copy"})
         v.push_back({shape, perm, t, var, 0});
   v.push_back({{4, 6, 40}, {1, 0, 2}, DType::kF32, "", 1});
   v.push_back({{64, 4, 64}, {2, 0, 1}, DType::kF16, "", 1});
@@ -331,18 +336,28 @@ TEST(PermuteNames, NameTheRouteThatRuns) {
   EXPECT_EQ(kernels::PermuteVariantName(heads, "row_copy_grouped"), "row_copy_grouped");
   EXPECT_EQ(kernels::PermuteVariantName(heads, "tiled"), "");  // keeps the last axis
   const PermuteArgs odd_rows = args({4, 7, 300, 65}, {0, 2, 1, 3}, DType::kF32);  // 260-byte rows
-  EXPECT_EQ(kernels::PermuteVariantName(odd_rows, ""), "gather");
+  EXPECT_EQ(kernels::PermuteVariantName(odd_rows, ""), "row_copy");
   const PermuteArgs general = args({64, 32, 64}, {2, 1, 0}, DType::kF32);
-  EXPECT_EQ(kernels::PermuteVariantName(general, ""), "gather");
+  EXPECT_EQ(kernels::PermuteVariantName(general, ""), "tiled");
+  EXPECT_EQ(kernels::PermuteVariantName(general, "gather"), "gather");
+  const PermuteArgs tiny = args({2, 3, 4, 5}, {3, 1, 2, 0}, DType::kF32);  // under one tile
+  EXPECT_EQ(kernels::PermuteVariantName(tiny, ""), "gather");
   EXPECT_EQ(kernels::PermuteVariantName(general, "tiled"), "tiled");
   EXPECT_EQ(kernels::PermuteVariantName(general, "row_copy"), "");
   const PermuteArgs square = args({64, 64}, {1, 0}, DType::kF32);
-  EXPECT_EQ(kernels::PermuteVariantName(square, ""), "coarsened");
+  EXPECT_EQ(kernels::PermuteVariantName(square, ""), "coarsened_64");
   EXPECT_EQ(kernels::PermuteVariantName(square, "smem"), "smem");
   const PermuteArgs big16 = args({512, 1024}, {1, 0}, DType::kBF16);
-  EXPECT_EQ(kernels::PermuteVariantName(big16, ""), "coarsened_vec_grouped");
+  EXPECT_EQ(kernels::PermuteVariantName(big16, ""), "pairs");
+  const PermuteArgs narrow16 = args({32, 3136, 64}, {0, 2, 1}, DType::kF16);  // C under 128
+  EXPECT_EQ(kernels::PermuteVariantName(narrow16, ""), "pairs_64");
+  EXPECT_EQ(kernels::PermuteVariantName(narrow16, "pairs"), "pairs");
+  const PermuteArgs odd16 = args({3001, 2000}, {1, 0}, DType::kBF16);  // odd rows: no pairs
+  EXPECT_EQ(kernels::PermuteVariantName(odd16, ""), "coarsened_64");
+  EXPECT_EQ(kernels::PermuteVariantName(odd16, "pairs"), "");
+  EXPECT_EQ(kernels::PermuteVariantName(square, "pairs"), "");  // 4-byte elements
   const PermuteArgs odd = args({63, 65}, {1, 0}, DType::kF32);
-  EXPECT_EQ(kernels::PermuteVariantName(odd, ""), "coarsened");
+  EXPECT_EQ(kernels::PermuteVariantName(odd, ""), "coarsened_64");
   const PermuteArgs same = args({7, 9}, {0, 1}, DType::kF32);
   EXPECT_EQ(kernels::PermuteVariantName(same, ""), "copy");
   const auto& names = kernels::PermuteVariants();

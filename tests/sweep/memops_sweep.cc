@@ -84,7 +84,8 @@ const std::vector<std::string> kReduceVariants = {"vec", "single_pass", "row_war
 const std::vector<std::string> kPermuteRoutes = {"row_copy", "row_copy_grouped", "tiled", "gather"};
 const std::vector<std::string> kTransposeRungs = {
     "coarsened", "coarsened_vec",     "coarsened_vec_grouped",
-    "pipelined", "pipelined_grouped", "tiled"};
+    "pipelined", "pipelined_grouped", "coarsened_64",
+    "pairs",     "pairs_64",          "tiled"};
 
 class Sweep {
  public:

@@ -81,16 +81,6 @@ std::vector<std::string> FastestFirst(const std::vector<std::string>& ladder) {
   return {ladder.rbegin(), ladder.rend()};
 }
 
-// Host rows of one dtype converted into another (for output dtypes that a
-// kernel cannot write directly).
-std::string ConvertHost(DType from, const void* src, DType to, int64_t n) {
-  std::vector<float> tmp(n);
-  ToFloat(from, src, tmp.data(), n);
-  std::string out(size_t(n) * DTypeSize(to), '\0');
-  FromFloat(to, tmp.data(), out.data(), n);
-  return out;
-}
-
 // beta * src (n elements of `src_t` on the host; null: zeros) in `out_t`:
 // the result of a product over an empty K.
 std::string ScaleOnHost(const void* src, DType src_t, double beta, DType out_t, int64_t n) {
@@ -390,9 +380,15 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputV
 
   // C: straight into the result when it lives here and the kernel writes its
   // dtype (batch entries s.m * s.n apart), else into a buffer of out_t or,
-  // failing that, fp32 converted afterwards.
+  // failing that, fp32 converted afterwards. The kernels read beta * C in the
+  // dtype they write: when C is read and the output dtype differs from C's
+  // own, they work in fp32 (which holds every input dtype exactly), so C is
+  // not rounded to the output dtype before it is scaled.
   const std::string& variant = s.options.variant;
-  void* in_place = scope.InPlace(c_out, rows.begin * s.n * int64_t(eo));
+  const bool widen = s.beta != 0 && s.c.has_value() && out_t != s.dtype;
+  const DType c_first = widen ? DType::kFloat32 : out_t;
+  void* in_place =
+      c_first == out_t ? scope.InPlace(c_out, rows.begin * s.n * int64_t(eo)) : nullptr;
   k::Support support;
   if (in_place != nullptr) {
     args.c = in_place;
@@ -404,10 +400,10 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputV
   if (in_place == nullptr) {
     ASSIGN_OR_RETURN(void* c, scope.Alloc(size_t(s.batch * mr * s.n) * 4));
     args.c = c;
-    args.c_type = ToKernel(out_t);
+    args.c_type = ToKernel(c_first);
     args.stride_c = mr * s.n;
     support = k::CanImplementGemm(args, variant);
-    if (!support && out_t != DType::kFloat32) {
+    if (!support && c_first != DType::kFloat32) {
       args.c_type = k::DType::kF32;
       support = k::CanImplementGemm(args, variant);
     }
@@ -510,7 +506,14 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, OutputV
   ASSIGN_OR_RETURN(args.x, scope.Input(s.x, 0, 1, size_t(s.k * s.ncols) * es, 0));
 
   const std::string& variant = s.options.variant;
-  void* in_place = scope.InPlace(y_out, rows.begin * s.ncols * int64_t(eo));
+  // The kernels read beta * y in the dtype they write. When y is read and the
+  // output dtype differs from y's own, they work in fp32 (which holds every
+  // input dtype exactly) and the result is converted once: y is not rounded
+  // to the output dtype before it is scaled.
+  const bool widen = s.beta != 0 && s.y.has_value() && out_t != s.dtype;
+  const DType y_first = widen ? DType::kFloat32 : out_t;
+  void* in_place =
+      y_first == out_t ? scope.InPlace(y_out, rows.begin * s.ncols * int64_t(eo)) : nullptr;
   k::Support support;
   if (in_place != nullptr) {
     args.y = in_place;
@@ -521,30 +524,27 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, OutputV
   if (in_place == nullptr) {
     ASSIGN_OR_RETURN(void* y, scope.Alloc(size_t(mr * s.ncols) * 4));
     args.y = y;
-    args.y_type = ToKernel(out_t);
+    args.y_type = ToKernel(y_first);
     support = k::CanImplementGemv(args, variant);
-    if (!support && out_t != DType::kFloat32) {
+    if (!support && y_first != DType::kFloat32) {
       args.y_type = k::DType::kF32;
       support = k::CanImplementGemv(args, variant);
     }
   }
   if (!support) return Refused("gemv", variant, support.reason);
   const DType y_t = FromKernel(args.y_type);
-  const size_t ey = DTypeSize(y_t);
 
   if (s.beta != 0 && s.y.has_value()) {
-    TensorView y_in = *s.y;
-    std::string converted;
-    int64_t offset = rows.begin * s.ncols * int64_t(es);
-    if (y_t != s.dtype) {
-      ASSIGN_OR_RETURN(std::string host,
-                       scope.HostCopy(*s.y, offset, 1, size_t(mr * s.ncols) * es, 0));
-      converted = ConvertHost(s.dtype, host.data(), y_t, mr * s.ncols);
-      y_in.data = converted.data();
-      y_in.device = kHostMemory;
-      offset = 0;
+    const int64_t offset = rows.begin * s.ncols * int64_t(es);
+    const size_t y_bytes = size_t(mr * s.ncols) * es;
+    if (y_t == s.dtype) {
+      RETURN_IF_ERROR(scope.CopyIn(args.y, *s.y, offset, 1, y_bytes, 0));
+    } else {  // widened to fp32 on the device (exact)
+      ASSIGN_OR_RETURN(const void* y_src, scope.Input(*s.y, offset, 1, y_bytes, 0));
+      RETURN_IF_ERROR(scope.Check(k::LaunchConvert(y_src, ToKernel(s.dtype), args.y, args.y_type,
+                                                   mr * s.ncols, scope.stream()),
+                                  "y dtype conversion"));
     }
-    RETURN_IF_ERROR(scope.CopyIn(args.y, y_in, offset, 1, size_t(mr * s.ncols) * ey, 0));
   }
   size_t ws_bytes = k::GemvWorkspaceBytes(args, variant);
   void* ws = nullptr;

@@ -42,10 +42,17 @@ struct TransposeArgs {
 //                            tile;
 //   "coarsened_vec_grouped"  the same, tiles visited in bands of tile rows;
 //   "pipelined"              persistent blocks, cp.async multi-stage tiles;
-//   "pipelined_grouped"      the same in the banded order.
-// The last four need rows and cols divisible by 16 / element size and 16-byte
-// aligned pointers. The default is the fastest measured: coarsened_vec (fp32)
-// or coarsened_vec_grouped (fp16, bf16), else coarsened.
+//   "pipelined_grouped"      the same in the banded order;
+//   "coarsened_64"           a 64x64 padded tile, 64 bytes per thread each way
+//                            (any shape and alignment);
+//   "pairs"                  fp16/bf16 moved as 2x2 blocks of two 32-bit words
+//                            through a 128x128 tile;
+//   "pairs_64"               the same through a 64x64 tile.
+// coarsened_vec .. pipelined_grouped need rows and cols divisible by 16 /
+// element size and 16-byte aligned pointers; pairs and pairs_64 need 16-bit
+// elements, even rows and cols and 4-byte aligned pointers. The default is the
+// fastest measured: pairs (pairs_64 when an extent is under 128) where they
+// run, else coarsened_64.
 const std::vector<std::string>& TransposeVariants();
 
 // Ok when `variant` (empty = fastest for the arguments) can run `args`;
