@@ -15,7 +15,6 @@ Needs Debian's python3-grpcio (/usr/bin/python3).
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import threading
 import time
 
 import grpc
+
+from server_exit import terminate_and_time
 
 WATCH = "/grpc.health.v1.Health/Watch"
 STATUS = {1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
@@ -82,14 +83,7 @@ def run_case(server, flags, work, watches):
     if seen_serving:
         seen_serving.wait(timeout=30)
     time.sleep(0.2)
-    sent = time.monotonic()
-    p.send_signal(signal.SIGTERM)
-    try:
-        code = p.wait(60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        code = "killed after 60 s"
-    exit_s = time.monotonic() - sent
+    code, exit_s = terminate_and_time(p)
     for t in threads:
         t.join(timeout=10)
     for ch in channels:

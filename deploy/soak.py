@@ -60,6 +60,7 @@ import numpy as np  # noqa: E402
 
 import gpucompute  # noqa: E402
 from gpucompute import ops  # noqa: E402
+from server_exit import terminate_and_time  # noqa: E402
 
 MIB = 1 << 20
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -553,14 +554,7 @@ def main():
     server_cpu = cpu_seconds(server.pid)
     own = os.times()
     client_cpu = own.user + own.system
-    term_sent = time.monotonic()
-    server.send_signal(signal.SIGTERM)
-    try:
-        code = server.wait(60)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        code = "killed after 60 s"
-    exit_s = time.monotonic() - term_sent
+    code, exit_s = terminate_and_time(server)
     log.close()
 
     # -- summary -------------------------------------------------------------------------
