@@ -66,6 +66,25 @@
 //                     mma_sync fallback ran 0.35-0.52x there), tf32 TN
 //                     1.02-1.16x, tf32 NN 0.85x / 0.94x at 4096^3 / 8192^3
 //                     (mma_sync: 0.22x).
+//   epilogue and tiles (rungs 3-8; sweep-gemm.md run 7 -> run 11, own kernels
+//                     alone against cuBLAS over the 155 cases: geomean 0.739x
+//                     -> 0.900x): 16-bit C goes through shared memory and out
+//                     in 16-byte row pieces (the fragments' 4-byte stores held
+//                     small K at 0.32-0.41x: 4096x4096x16 bf16 33.5 -> 13.7 us,
+//                     cuBLAS 13.4); with beta C is prefetched into L2 and read
+//                     a chunk at a time (tf32 2048^3 0.55x -> 0.65x; bf16
+//                     4096^3 still 0.76x); the split-K kernel takes 128 x 256,
+//                     128 x 128 or 128 x 64 tiles and its K split from a cost
+//                     model (heuristics/gemm_heuristics.h): 128^3 6.9 -> 2.8
+//                     us, 1024^3 16.2 -> 6.8 us (cuBLAS 2.1, 5.3); 4096^3 bf16
+//                     0.91x -> 0.98x, fp16 0.91x -> 0.99x.
+//   wgmma_splitk_128x128, wgmma_splitk_128x64   the split-K kernel on the
+//                     named tile (tests and the sweep force each width).
+//   swap-AB           wgmma_splitk and wgmma_packed with fewer than 128 rows
+//                     may compute C^T = op(B)^T op(A)^T instead, written
+//                     transposed (c_trans): the wide side fills the tiles'
+//                     128 rows. Thin M (1-64 tokens against a weight):
+//                     16x14336x4096 bf16 39.9 -> 32.8 us (cuBLAS 30.2).
 // Run-to-run spread on the H200 is about +-5% for both cuBLAS and us.
 // tf32 (K-major A and B): the best rung reaches 0.92-1.07x cuBLAS tf32 over the
 // six shapes (344 TFLOP/s = 0.99x at 8192^3).
@@ -90,6 +109,7 @@
 #include "gemm_tc_mma_sync.cuh"
 #include "gemm_tc_wgmma.cuh"
 #include "gpucompute/kernels/gemm.h"
+#include "heuristics/gemm_heuristics.h"
 #include "launch_util.h"
 
 namespace gpucompute::kernels {
@@ -105,14 +125,17 @@ enum class Rung {
   kWgmmaCluster,
   kWgmmaClusterPersistent,
   kWgmmaSplitK,
-  kWgmmaPacked
+  kWgmmaPacked,
+  kWgmmaSplitK128,
+  kWgmmaSplitK64
 };
 
-constexpr const char* kRungNames[] = {"mma_sync",      "wgmma_tma",
-                                      "wgmma_ws",      "wgmma_persistent",
-                                      "wgmma_cluster", "wgmma_cluster_persistent",
-                                      "wgmma_splitk",  "wgmma_packed"};
-constexpr int kNumRungs = 8;
+constexpr const char* kRungNames[] = {
+    "mma_sync",           "wgmma_tma",     "wgmma_ws",
+    "wgmma_persistent",   "wgmma_cluster", "wgmma_cluster_persistent",
+    "wgmma_splitk",       "wgmma_packed",  "wgmma_splitk_128x128",
+    "wgmma_splitk_128x64"};
+constexpr int kNumRungs = 10;
 
 bool ParseRung(std::string_view name, Rung* rung) {
   for (int i = 0; i < kNumRungs; ++i)
@@ -166,7 +189,7 @@ Support CheckTma(const GemmArgs& a) {
   return Support::Yes();
 }
 
-TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m) {
+TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m, bool c_trans = false) {
   const int64_t es = static_cast<int64_t>(DTypeSize(a.ab_type));
   const size_t cs = DTypeSize(a.c_type);
   TcParams p;
@@ -187,6 +210,9 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m) {
   p.beta = a.beta;
   p.c_type = static_cast<int>(a.c_type);
   p.c_pairs = a.ldc % 2 == 0 && Aligned(a.c, 2 * cs) && (a.batch <= 1 || a.stride_c % 2 == 0);
+  p.c_vec = Aligned(a.c, 16) && (a.ldc * int64_t(cs)) % 16 == 0 &&
+            (a.batch <= 1 || (a.stride_c * int64_t(cs)) % 16 == 0);
+  p.c_trans = c_trans;
   p.a_vec =
       Aligned(a.a, 16) && (a.lda * es) % 16 == 0 && (a.batch <= 1 || (a.stride_a * es) % 16 == 0);
   p.b_vec =
@@ -200,32 +226,40 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m) {
   return p;
 }
 
-// How wgmma_splitk cuts K: fewer 128 x 256 tiles than SMs and at least 4
-// k-blocks leave SMs idle, so K is cut into ranges (2 k-blocks at least, 64
-// ranges at most) until the units (tile, range) about fill one wave. One
-// range: the plain persistent kernel.
-struct SplitPlan {
-  int splits = 1;
-  int kb_per_split = 0;
-};
-
-SplitPlan PlanSplitK(const GemmArgs& a) {
-  const int64_t kbk = 128 / static_cast<int64_t>(DTypeSize(a.ab_type));
-  const int64_t kblocks = CeilDiv(std::max<int64_t>(a.k, 1), kbk);
-  const int64_t tiles = CeilDiv(a.m, 128) * CeilDiv(a.n, 256) * std::max<int64_t>(a.batch, 1);
-  const int64_t sms = SmCount();
-  SplitPlan plan;
-  plan.kb_per_split = static_cast<int>(std::min<int64_t>(kblocks, INT_MAX));
-  if (tiles >= sms || kblocks < 4) return plan;
-  const int64_t want = std::min<int64_t>({sms / tiles, kblocks / 2, 64});
-  if (want <= 1) return plan;
-  const int64_t per = CeilDiv(kblocks, want);
-  plan.kb_per_split = static_cast<int>(per);
-  plan.splits = static_cast<int>(CeilDiv(kblocks, per));
-  return plan;
+bool IsSplitK(Rung rung) {
+  return rung == Rung::kWgmmaSplitK || rung == Rung::kWgmmaSplitK128 ||
+         rung == Rung::kWgmmaSplitK64;
 }
 
-size_t SplitWorkspaceBytes(const GemmArgs& a, const SplitPlan& plan) {
+// The tile width, K split and orientation of the split-K kernel for `rung`
+// (heuristics/gemm_heuristics.h): the width the variant names, else the
+// cheapest; swap-AB only for the variants that leave the tile to the
+// heuristics, and never again for a problem already swapped (c_trans).
+GemmTilePlan PlanSplitK(const GemmArgs& a, Rung rung, bool c_trans) {
+  const int64_t kbk = 128 / static_cast<int64_t>(DTypeSize(a.ab_type));
+  const int64_t kblocks = CeilDiv(std::max<int64_t>(a.k, 1), kbk);
+  const int only_bn = rung == Rung::kWgmmaSplitK128 ? 128 : rung == Rung::kWgmmaSplitK64 ? 64 : 0;
+  return ChooseWgmmaTilePlan(a.m, a.n, kblocks, std::max<int64_t>(a.batch, 1), SmCount(), only_bn,
+                             /*allow_swap=*/only_bn == 0 && !c_trans);
+}
+
+// The problem C^T = op(B)^T op(A)^T, written into the same C transposed.
+GemmArgs SwapAB(const GemmArgs& a) {
+  GemmArgs s = a;
+  s.m = a.n;
+  s.n = a.m;
+  s.a = a.b;
+  s.lda = a.ldb;
+  s.stride_a = a.stride_b;
+  s.trans_a = !a.trans_b;
+  s.b = a.a;
+  s.ldb = a.lda;
+  s.stride_b = a.stride_a;
+  s.trans_b = !a.trans_a;
+  return s;
+}
+
+size_t SplitWorkspaceBytes(const GemmArgs& a, const GemmTilePlan& plan) {
   if (plan.splits <= 1) return 0;
   return sizeof(float) * size_t(plan.splits) * size_t(a.batch) * size_t(a.m) * size_t(a.n);
 }
@@ -391,15 +425,49 @@ bool EncodeOperand(CUtensorMap* map, const void* ptr, int64_t inner, int64_t out
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// wgmma_ws (one block per tile), wgmma_persistent and the split-K rungs on
+// 128 x Cfg::kBN tiles.
+template <typename T, bool kTA, bool kTB, typename Cfg>
+cudaError_t LaunchWs(const GemmArgs& a, const CUtensorMap& map_a, const CUtensorMap& map_b,
+                     Rung rung, void* workspace, cudaStream_t stream, bool c_trans) {
+  const bool persistent = rung == Rung::kWgmmaPersistent || IsSplitK(rung);
+  TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, persistent ? 16 : 1, c_trans);
+  if (IsSplitK(rung) && workspace != nullptr) {
+    const GemmTilePlan plan = PlanSplitK(a, rung, c_trans);
+    p.splits = plan.splits;
+    p.kb_per_split = plan.kb_per_split;
+    p.partials = static_cast<float*>(workspace);
+  }
+  const int64_t units = p.tiles * p.splits;
+  const int64_t grid =
+      persistent ? std::min<int64_t>(units, SmCount()) : std::min<int64_t>(units, INT_MAX);
+  auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1, Cfg>;
+  if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
+  kernel<<<static_cast<unsigned>(grid), 384, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
+  if (p.splits <= 1) return cudaGetLastError();
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const int64_t total = int64_t(p.batch) * p.m * p.n;
+  const unsigned blocks =
+      static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(total, 256), 1, 8 * int64_t(SmCount())));
+  if (p.c_type == 0)
+    tc::SplitKReduceKernel<float><<<blocks, 256, 0, stream>>>(p);
+  else if constexpr (!std::is_same_v<T, float>)
+    tc::SplitKReduceKernel<T><<<blocks, 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // Launches a wgmma rung; *encoded is false when a tensor map was refused by
 // the driver (nothing launched then).
 template <typename T, bool kTA, bool kTB>
 cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStream_t stream,
-                         bool* encoded) {
+                         bool* encoded, bool c_trans = false) {
   constexpr uint32_t kBK = 128 / sizeof(T);
+  if (IsSplitK(rung) && !c_trans && PlanSplitK(a, rung, false).swap)
+    return LaunchWgmmaT<T, !kTB, !kTA>(SwapAB(a), rung, workspace, stream, encoded, true);
   const bool single = rung == Rung::kWgmmaTma;
   const bool cluster = rung == Rung::kWgmmaCluster || rung == Rung::kWgmmaClusterPersistent;
-  const uint32_t bm = single ? 64 : 128, bn_box = cluster ? 128 : 256;
+  const int bn = IsSplitK(rung) ? PlanSplitK(a, rung, c_trans).bn : 256;
+  const uint32_t bm = single ? 64 : 128, bn_box = cluster ? 128 : bn;
   CUtensorMap map_a, map_b;
   *encoded = (kTA ? EncodeOperand<T>(&map_a, a.a, a.m, a.k, a.lda, a.batch, a.stride_a, 64, 64)
                   : EncodeOperand<T>(&map_a, a.a, a.k, a.m, a.lda, a.batch, a.stride_a, kBK, bm)) &&
@@ -448,30 +516,19 @@ cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStre
     }
     return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p);
   }
-  const bool persistent = rung == Rung::kWgmmaPersistent || rung == Rung::kWgmmaSplitK;
-  TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, persistent ? 16 : 1);
-  if (rung == Rung::kWgmmaSplitK && workspace != nullptr) {
-    const SplitPlan plan = PlanSplitK(a);
-    p.splits = plan.splits;
-    p.kb_per_split = plan.kb_per_split;
-    p.partials = static_cast<float*>(workspace);
+  if (IsSplitK(rung)) {
+    switch (bn) {
+      case 128:
+        return LaunchWs<T, kTA, kTB, tc::WgmmaConfig<2, 6, 128>>(a, map_a, map_b, rung, workspace,
+                                                                 stream, c_trans);
+      case 64:
+        return LaunchWs<T, kTA, kTB, tc::WgmmaConfig<2, 8, 64>>(a, map_a, map_b, rung, workspace,
+                                                                stream, c_trans);
+      default:
+        break;
+    }
   }
-  const int64_t units = p.tiles * p.splits;
-  const int64_t grid =
-      persistent ? std::min<int64_t>(units, SmCount()) : std::min<int64_t>(units, INT_MAX);
-  auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1>;
-  if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
-  kernel<<<static_cast<unsigned>(grid), 384, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
-  if (p.splits <= 1) return cudaGetLastError();
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const int64_t total = int64_t(p.batch) * p.m * p.n;
-  const unsigned blocks =
-      static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(total, 256), 1, 8 * int64_t(SmCount())));
-  if (p.c_type == 0)
-    tc::SplitKReduceKernel<float><<<blocks, 256, 0, stream>>>(p);
-  else if constexpr (!std::is_same_v<T, float>)
-    tc::SplitKReduceKernel<T><<<blocks, 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchWs<T, kTA, kTB, Cfg>(a, map_a, map_b, rung, workspace, stream, c_trans);
 }
 
 template <typename T>
@@ -565,11 +622,13 @@ Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant) {
 }
 
 size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
-  const bool split = variant == kRungNames[static_cast<int>(Rung::kWgmmaSplitK)];
-  const bool packed = variant == kRungNames[static_cast<int>(Rung::kWgmmaPacked)];
+  Rung rung = Rung::kMmaSync;
+  if (!ParseRung(variant, &rung)) return 0;
+  const bool split = IsSplitK(rung);
+  const bool packed = rung == Rung::kWgmmaPacked;
   if (!split && !packed) return 0;
   if (!CanImplementGemmTc(args, variant) || args.m == 0 || args.n == 0 || args.batch == 0) return 0;
-  const size_t partials = SplitWorkspaceBytes(args, PlanSplitK(args));
+  const size_t partials = SplitWorkspaceBytes(args, PlanSplitK(args, rung, false));
   if (split) return partials;
   return PackedBytes(args, OperandA(args), args.m) + PackedBytes(args, OperandB(args), args.n) +
          partials;

@@ -29,6 +29,10 @@ struct TcParams {
   float alpha = 1.f, beta = 0.f;
   int c_type = 0;     // DType of C as int
   int c_pairs = 0;    // two adjacent C elements may be moved as one aligned vector
+  int c_vec = 0;      // C's rows (and batch entries) start on 16 bytes
+  // Swap-AB: the kernel computes C^T = op(B)^T op(A)^T (m and n above are
+  // C^T's), so its element (i, j) is written to c[j * ldc + i].
+  int c_trans = 0;
   int a_vec = 0;      // mma_sync: A rows can be copied in aligned 16-byte pieces
   int b_vec = 0;      // mma_sync: likewise B
   int a_batched = 1;  // wgmma: TMA batch coordinate of A is the batch index (0: shared A)
@@ -84,9 +88,9 @@ template <typename Tc>
 __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, int row, int col, float v0,
                                         float v1) {
   if (row >= p.m || col >= p.n) return;
-  Tc* dst = c + static_cast<int64_t>(row) * p.ldc + col;
   v0 *= p.alpha;
   v1 *= p.alpha;
+  Tc* dst = c + static_cast<int64_t>(row) * p.ldc + col;
   if (p.c_pairs && col + 1 < p.n) {
     using P = typename Pair<Tc>::Type;
     P* dp = reinterpret_cast<P*>(dst);
@@ -115,7 +119,7 @@ __device__ __forceinline__ Tc* BatchC(const TcParams& p, int b) {
 }
 
 // C = alpha * (sum of the split-K partials) + beta * C, element by element
-// (coalesced along rows of C; the partials are dense).
+// (coalesced along rows of C, or of C^T with c_trans; the partials are dense).
 template <typename Tc>
 __global__ void SplitKReduceKernel(const TcParams p) {
   const int64_t mn = static_cast<int64_t>(p.m) * p.n, total = mn * p.batch;
@@ -126,7 +130,8 @@ __global__ void SplitKReduceKernel(const TcParams p) {
     const int b = static_cast<int>(e / mn);
     const int64_t r = e - b * mn;
     const int i = static_cast<int>(r / p.n), j = static_cast<int>(r - int64_t(i) * p.n);
-    Tc* c = BatchC<Tc>(p, b) + static_cast<int64_t>(i) * p.ldc + j;
+    Tc* c = BatchC<Tc>(p, b) +
+            (p.c_trans ? static_cast<int64_t>(j) * p.ldc + i : static_cast<int64_t>(i) * p.ldc + j);
     float v = p.alpha * s;
     if (p.beta != 0.f) v = fmaf(p.beta, ToFloat(*c), v);
     *c = FromFloat<Tc>(v);

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) building blocks of the tensor-core GEMM ladder on top of
 // sm90_primitives.cuh (mbarriers, TMA loads, wgmma fences, descriptors): the
 // GEMM-only pieces, i.e. TMA multicast and descriptor prefetch, 2-CTA cluster
-// rank / sync / remote arrive, and the m64n256 wgmma instructions. Included by
+// rank / sync / remote arrive, and the m64nN wgmma instructions (N = 256, 128, 64). Included by
 // gemm_tc.cu only.
 //
 // Shared-memory operand layout used by every wgmma rung: one stage of an
@@ -77,30 +77,54 @@ __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
 
 // --- wgmma --------------------------------------------------------------------
 
-// One m64n256 k-step for the operand type T: D[64 x 256] (fp32, 128 registers
-// a thread) += A[64 x K] * B[K x 256], both operands read from shared memory
-// through descriptors; K = 16 for bf16 and fp16, 8 for tf32 (T = float).
-// kTransA = 1: A is M-major; kTransB = 1: B is N-major (16-bit types only).
-template <typename T, int kTransA, int kTransB>
-__device__ __forceinline__ void WgmmaM64N256(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-#define GC_GEMM_M64N256_16BIT(TYPES)                                                   \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" GC_WGMMA_OP(              \
-                   "m64n256k16", TYPES, GC_WGMMA_D128) "%128, %129, p, 1, 1, %131, %132;\n}\n" \
-               : GC_WGMMA_ACC128(d)                                                    \
+// One m64nN k-step (N = 256, 128 or 64) for the operand type T: D[64 x N]
+// (fp32, N / 2 registers a thread) += A[64 x K] * B[K x N], both operands
+// read from shared memory through descriptors; K = 16 for bf16 and fp16, 8
+// for tf32 (T = float). kTransA = 1: A is M-major; kTransB = 1: B is N-major
+// (16-bit types only).
+//
+// GC_GEMM_WGMMA_16BIT / _TF32 spell one instruction: SHAPE and TYPES, the
+// accumulator text D and operand macro ACC (sm90_primitives.cuh; named,
+// not called, so that its commas stay inside the last expansion), and the operand
+// numbers that follow the N / 2 accumulators: descriptors A and B, the
+// scale-d predicate and (16-bit only) the two transpose flags.
+#define GC_GEMM_WGMMA_16BIT(SHAPE, TYPES, D, ACC, IA, IB, IP, ITA, ITB)                        \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP ", 0;\n" GC_WGMMA_OP(SHAPE, TYPES, D) IA \
+               ", " IB ", p, 1, 1, " ITA ", " ITB ";\n}\n"                                     \
+               : ACC(d)                                                                        \
                : "l"(desc_a), "l"(desc_b), "r"(1), "n"(kTransA), "n"(kTransB))
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    GC_GEMM_M64N256_16BIT("bf16.bf16");
-  } else if constexpr (std::is_same_v<T, __half>) {
-    GC_GEMM_M64N256_16BIT("f16.f16");
-  } else {
-    static_assert(kTransA == 0 && kTransB == 0, "tf32 wgmma reads both operands K-major");
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" GC_WGMMA_OP(
-                     "m64n256k8", "tf32.tf32", GC_WGMMA_D128) "%128, %129, p, 1, 1;\n}\n"
-                 : GC_WGMMA_ACC128(d)
-                 : "l"(desc_a), "l"(desc_b), "r"(1));
+#define GC_GEMM_WGMMA_TF32(SHAPE, D, ACC, IA, IB, IP)                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP ", 0;\n" GC_WGMMA_OP(SHAPE, "tf32.tf32", D) \
+                   IA ", " IB ", p, 1, 1;\n}\n"                                                   \
+               : ACC(d)                                                                           \
+               : "l"(desc_a), "l"(desc_b), "r"(1))
+#define GC_GEMM_WGMMA_WIDTH(K16, K8, D, ACC, IA, IB, IP, ITA, ITB)       \
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {                      \
+    GC_GEMM_WGMMA_16BIT(K16, "bf16.bf16", D, ACC, IA, IB, IP, ITA, ITB); \
+  } else if constexpr (std::is_same_v<T, __half>) {                      \
+    GC_GEMM_WGMMA_16BIT(K16, "f16.f16", D, ACC, IA, IB, IP, ITA, ITB);   \
+  } else {                                                               \
+    GC_GEMM_WGMMA_TF32(K8, D, ACC, IA, IB, IP);                          \
   }
-#undef GC_GEMM_M64N256_16BIT
+template <typename T, int kN, int kTransA, int kTransB>
+__device__ __forceinline__ void WgmmaM64N(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(std::is_same_v<T, float> ? (kTransA == 0 && kTransB == 0) : true,
+                "tf32 wgmma reads both operands K-major");
+  if constexpr (kN == 256) {
+    GC_GEMM_WGMMA_WIDTH("m64n256k16", "m64n256k8", GC_WGMMA_D128, GC_WGMMA_ACC128, "%128", "%129",
+                        "%130", "%131", "%132")
+  } else if constexpr (kN == 128) {
+    GC_GEMM_WGMMA_WIDTH("m64n128k16", "m64n128k8", GC_WGMMA_D64, GC_WGMMA_ACC64, "%64", "%65",
+                        "%66", "%67", "%68")
+  } else {
+    static_assert(kN == 64, "tile widths of the wgmma rungs: 256, 128, 64");
+    GC_GEMM_WGMMA_WIDTH("m64n64k16", "m64n64k8", GC_WGMMA_D32, GC_WGMMA_ACC32, "%32", "%33", "%34",
+                        "%35", "%36")
+  }
 }
+#undef GC_GEMM_WGMMA_WIDTH
+#undef GC_GEMM_WGMMA_TF32
+#undef GC_GEMM_WGMMA_16BIT
 
 }  // namespace gpucompute::kernels::tc
 

@@ -13,7 +13,10 @@
 //     tile while the consumers run the epilogue. With kCluster == 2 (rung 5)
 //     the kernel runs as 2-CTA clusters that share the B tile by TMA multicast.
 //     With p.splits > 1 (wgmma_splitk) it walks (tile, K range) units and
-//     writes fp32 partial sums, added up by SplitKReduceKernel.
+//     writes fp32 partial sums, added up by SplitKReduceKernel. Cfg picks the
+//     tile width (256, 128 or 64 columns); the consumers' epilogue
+//     (ConsumerEpilogue) stages 16-bit C and C read for beta through shared
+//     memory and writes C^T for swap-AB (p.c_trans).
 #ifndef GPUCOMPUTE_KERNELS_SRC_GEMM_TC_WGMMA_CUH_
 #define GPUCOMPUTE_KERNELS_SRC_GEMM_TC_WGMMA_CUH_
 
@@ -29,21 +32,31 @@
 namespace gpucompute::kernels::tc {
 
 // Tile configuration of the wgmma rungs (byte sizes are the same for
-// bf16/fp16 and tf32: a stage always holds 128 bytes of K per row).
-template <int kConsumers_, int kStages_>
+// bf16/fp16 and tf32: a stage always holds 128 bytes of K per row). Every
+// consumer warpgroup owns 64 rows of the tile and kBN / 2 fp32 accumulators
+// per thread (one m64nkBN wgmma per k-step).
+template <int kConsumers_, int kStages_, int kBN_ = 256>
 struct WgmmaConfig {
   static constexpr int kConsumers = kConsumers_;    // consumer warpgroups, 64 rows each
   static constexpr int kStages = kStages_;          // TMA ring depth
   static constexpr int kBM = 64 * kConsumers;       // (BLOCK_M)
-  static constexpr int kBN = 256;                   // (BLOCK_N) one m64n256 wgmma per k-step
+  static constexpr int kBN = kBN_;                  // (BLOCK_N) 256, 128 or 64
+  static constexpr int kAcc = kBN / 2;              // accumulators per consumer thread
   static constexpr int kRowBytes = 128;             // (row, 128 bytes of K) per stage
   static constexpr int kKSteps = kRowBytes / 32;    // wgmma k-steps of 32 bytes per stage
   static constexpr int kABytes = kBM * kRowBytes;   // (BLOCK_M, 128 B)
   static constexpr int kBBytes = kBN * kRowBytes;   // (BLOCK_N, 128 B)
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kMnBlockBytes = 64 * kRowBytes;  // MN-major: 64 values x 64 K rows
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + align
+  // Staged epilogue of 16-bit C (StagedEpilogue16 / Beta): per consumer, 64
+  // rows of 32 words (64 16-bit or 32 fp32 values) kEpiLd words apart (4
+  // words of padding: conflict-free fragment writes and 16-byte row reads).
+  static constexpr int kEpiLd = 32 + 4;
+  static constexpr int kEpiBytes = kConsumers * 64 * kEpiLd * 4;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 + 1024;  // + align
   static_assert(kStageBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
+  static_assert(kBN % 64 == 0, "the epilogue walks whole 64-column chunks");
   static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory per block");
 };
 
@@ -95,7 +108,7 @@ __device__ __forceinline__ void IssueStage(const CUtensorMap* map_a, const CUten
 // The wgmma k-steps of one stage for one consumer warpgroup: `sa` is its
 // 64-row slab of A, `sb` the whole B stage. Commits them as one group.
 template <typename T, bool kTransA, bool kTransB, typename Cfg>
-__device__ __forceinline__ void MmaStage(float (&d)[128], uint32_t sa, uint32_t sb) {
+__device__ __forceinline__ void MmaStage(float (&d)[Cfg::kAcc], uint32_t sa, uint32_t sb) {
   sm90::WgmmaFence();
 #pragma unroll
   for (int j = 0; j < Cfg::kKSteps; ++j) {
@@ -104,22 +117,25 @@ __device__ __forceinline__ void MmaStage(float (&d)[128], uint32_t sa, uint32_t 
     const uint64_t db = kTransB ? sm90::MakeSmemDesc(sb + j * 32, 16, 1024)
                                 : sm90::MakeSmemDesc(sb + j * 2048, Cfg::kMnBlockBytes, 1024);
     // wgmma's transpose flags mean "MN-major": A transposed, B not transposed.
-    WgmmaM64N256<T, kTransA ? 1 : 0, kTransB ? 0 : 1>(d, da, db);
+    WgmmaM64N<T, Cfg::kBN, kTransA ? 1 : 0, kTransB ? 0 : 1>(d, da, db);
   }
   sm90::WgmmaCommit();
 }
 
-// Writes a consumer warpgroup's 64 x 256 accumulator block whose first row is
-// `row0` (already including the warpgroup's slab) and first column `col0`.
-template <typename T>
+// Writes a consumer warpgroup's 64 x (kAcc * 2) accumulator block whose
+// first row is `row0` (already including the warpgroup's slab) and first
+// column `col0` straight from the fragments: per store instruction a warp
+// writes 8 rows x 4 pairs, whole 32-byte sectors for fp32 C, half sectors
+// for 16-bit C (which StagedEpilogue16 writes in whole rows instead).
+template <typename T, int kAcc>
 __device__ __forceinline__ void Epilogue(const TcParams& p, int bi, int row0, int col0,
-                                         const float (&d)[128]) {
+                                         const float (&d)[kAcc]) {
   if (row0 >= p.m) return;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const int row = row0 + warp * 16 + lane / 4;
   const int col = col0 + 2 * (lane % 4);
   // Inside C, beta == 0 and pairs aligned: plain paired stores, no checks.
-  const bool plain = p.beta == 0.f && p.c_pairs && row0 + 64 <= p.m && col0 + 256 <= p.n;
+  const bool plain = p.beta == 0.f && p.c_pairs && row0 + 64 <= p.m && col0 + kAcc * 2 <= p.n;
   auto store = [&](auto* c) {
     using Tc = std::remove_pointer_t<decltype(c)>;
     using P = typename Pair<Tc>::Type;
@@ -127,7 +143,7 @@ __device__ __forceinline__ void Epilogue(const TcParams& p, int bi, int row0, in
       P* r0 = reinterpret_cast<P*>(c + static_cast<int64_t>(row) * p.ldc + col);
       P* r8 = reinterpret_cast<P*>(c + static_cast<int64_t>(row + 8) * p.ldc + col);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
+      for (int i = 0; i < kAcc / 4; ++i) {
         P v0, v1;
         v0.x = FromFloat<Tc>(p.alpha * d[4 * i]);
         v0.y = FromFloat<Tc>(p.alpha * d[4 * i + 1]);
@@ -139,7 +155,7 @@ __device__ __forceinline__ void Epilogue(const TcParams& p, int bi, int row0, in
       return;
     }
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
+    for (int i = 0; i < kAcc / 4; ++i) {
       StoreC2<Tc>(p, c, row, col + 8 * i, d[4 * i], d[4 * i + 1]);
       StoreC2<Tc>(p, c, row + 8, col + 8 * i, d[4 * i + 2], d[4 * i + 3]);
     }
@@ -147,6 +163,279 @@ __device__ __forceinline__ void Epilogue(const TcParams& p, int bi, int row0, in
   if (p.c_type == 0) store(BatchC<float>(p, bi));
   else if constexpr (std::is_same_v<T, __half>) store(BatchC<__half>(p, bi));
   else if constexpr (std::is_same_v<T, __nv_bfloat16>) store(BatchC<__nv_bfloat16>(p, bi));
+}
+
+// Named barrier `id` (1 + consumer index; 0 is __syncthreads) over the 128
+// threads of one consumer warpgroup.
+__device__ __forceinline__ void WarpgroupBarrier(int id) {
+  asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
+// v[0..7] += beta * C[row, col..col+7] for the columns inside C (c_row
+// points at C[row, 0]); 16-byte loads where C's rows lie on 16 bytes.
+template <typename Tc>
+__device__ __forceinline__ void AddRow8(const TcParams& p, const Tc* c_row, int col,
+                                        float (&v)[8]) {
+  if (p.c_vec && col + 8 <= p.n) {
+    constexpr int kVecs = 8 * sizeof(Tc) / 16;
+    uint4 old[kVecs];
+#pragma unroll
+    for (int q = 0; q < kVecs; ++q) old[q] = reinterpret_cast<const uint4*>(c_row + col)[q];
+    const Tc* o = reinterpret_cast<const Tc*>(old);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = fmaf(p.beta, ToFloat(o[j]), v[j]);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (col + j < p.n) v[j] = fmaf(p.beta, ToFloat(c_row[col + j]), v[j]);
+}
+
+// C[row, col..col+7] = v for the columns inside C; 16-byte stores where C's
+// rows lie on 16 bytes.
+template <typename Tc>
+__device__ __forceinline__ void StoreRow8(const TcParams& p, Tc* c_row, int col,
+                                          const float (&v)[8]) {
+  if (p.c_vec && col + 8 <= p.n) {
+    constexpr int kVecs = 8 * sizeof(Tc) / 16;
+    alignas(16) Tc out[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = FromFloat<Tc>(v[j]);
+#pragma unroll
+    for (int q = 0; q < kVecs; ++q)
+      reinterpret_cast<uint4*>(c_row + col)[q] = reinterpret_cast<const uint4*>(out)[q];
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (col + j < p.n) c_row[col + j] = FromFloat<Tc>(v[j]);
+}
+
+// Brings the rows row0..row0+63, columns col0..col0+kBN-1 of C into L2 (one
+// warpgroup, before its tile's main loop when beta != 0), so that the
+// epilogue's reads of C, which come a chunk at a time after the previous
+// chunk's stores, wait on L2 rather than HBM. Measured together with
+// StagedEpilogueBeta (sweep-gemm.md runs 9 -> 11): 2048^3 tf32 with beta
+// 98.3 -> 83 us; 4096^3 bf16 with beta unchanged (235 -> 237 us, 53 us more
+// than without beta: that epilogue is bound by its own instructions).
+template <int kBN>
+__device__ __forceinline__ void PrefetchC(const TcParams& p, int bi, int row0, int col0) {
+  if (row0 >= p.m) return;
+  const int cs = p.c_type == 0 ? 4 : 2;
+  const char* base = static_cast<const char*>(p.c) + static_cast<int64_t>(bi) * p.stride_c * cs;
+  const int cols = min(kBN, p.n - col0);
+  const int lines = (cols * cs + 127) / 128 + 1;  // 128-byte lines a row touches, at most
+  const int rows = min(64, p.m - row0);
+  for (int q = threadIdx.x % 128; q < rows * lines; q += 128) {
+    const int r = q / lines, l = q % lines;
+    const int64_t first = (static_cast<int64_t>(row0 + r) * p.ldc + col0) * cs;
+    const int64_t line = (first & ~int64_t(127)) + 128 * l;  // relative to base
+    if (line < first + int64_t(cols) * cs)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(base + line));
+  }
+}
+
+// Two fp32 values as the 16-bit pair (lo, hi) in one 32-bit word.
+template <typename Tc>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  typename Pair<Tc>::Type v;
+  v.x = FromFloat<Tc>(lo);
+  v.y = FromFloat<Tc>(hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The 16-bit C of a consumer warpgroup's 64 x kBN block (first row `row0`,
+// first column `col0`) with beta == 0, written in whole rows through shared
+// memory: the fragments' 4-byte stores left the small-K cases bound by the
+// store queue ("LG throttle" 62% of the stalls of 4096x4096x64 bf16 in
+// Nsight Compute). Chunk by chunk of 64 columns: every thread converts its
+// fragment pairs (one cvt a pair) into `buf` (64 rows x 128 bytes, rows
+// kEpiLd words apart: conflict-free 4-byte writes and 16-byte reads), the
+// warpgroup syncs on named barrier `bar_id`, and each thread copies 16 bytes
+// of four rows to C: one 16-byte store where C's rows lie on 16 bytes,
+// element by element (a warp's lanes on adjacent columns) where not.
+template <typename Tc, typename Cfg>
+__device__ __forceinline__ void StagedEpilogue16(const TcParams& p, Tc* c, int row0, int col0,
+                                                 float (&d)[Cfg::kAcc], uint32_t* buf, int bar_id) {
+  constexpr int kLd = Cfg::kEpiLd;  // words per staged row (64 values + padding)
+  const int t = threadIdx.x % 128, lane = t % 32, warp = t / 32;
+  const int fr = warp * 16 + lane / 4, fq = lane % 4;  // fragment row, pair in its 8 columns
+  const int rr = t / 8, rg = t % 8;                    // read back: rows rr + 16 i, 16 bytes rg
+  if (p.alpha != 1.f) {
+#pragma unroll
+    for (int i = 0; i < Cfg::kAcc; ++i) d[i] *= p.alpha;
+  }
+  const bool inside = p.c_vec && !p.c_trans && row0 + 64 <= p.m && col0 + Cfg::kBN <= p.n;
+#pragma unroll
+  for (int ch = 0; ch < Cfg::kBN / 64; ++ch) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int i = ch * 8 + j;  // the fragment's 8-column group
+      buf[fr * kLd + 4 * j + fq] = PackPair<Tc>(d[4 * i], d[4 * i + 1]);
+      buf[(fr + 8) * kLd + 4 * j + fq] = PackPair<Tc>(d[4 * i + 2], d[4 * i + 3]);
+    }
+    WarpgroupBarrier(bar_id);
+    const int cc = col0 + ch * 64;  // first column of the chunk
+    if (p.c_trans) {
+      // C^T: column cc + cl of the chunk is row cc + cl of C, the block's
+      // rows its adjacent columns. Lanes take adjacent columns of the chunk
+      // (conflict-free reads), warps groups of 8 rows; each thread stores 8
+      // adjacent elements of one row of C.
+      const Tc* staged = reinterpret_cast<const Tc*>(buf);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int cl = lane + 32 * h, col = cc + cl;
+#pragma unroll
+        for (int g = warp; g < 8; g += 4) {
+          const int row = row0 + 8 * g;
+          if (col >= p.n || row >= p.m) continue;
+          alignas(16) Tc v[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = staged[(8 * g + e) * 2 * kLd + cl];
+          Tc* dst = c + static_cast<int64_t>(col) * p.ldc + row;
+          if (p.c_vec && row + 8 <= p.m) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
+          } else {
+            for (int e = 0; e < 8 && row + e < p.m; ++e) dst[e] = v[e];
+          }
+        }
+      }
+    } else if (inside) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = rr + 16 * i;
+        *reinterpret_cast<uint4*>(c + static_cast<int64_t>(row0 + r) * p.ldc + cc + 8 * rg) =
+            *reinterpret_cast<const uint4*>(buf + r * kLd + 4 * rg);
+      }
+    } else if (p.c_vec) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = rr + 16 * i, col = cc + 8 * rg;
+        if (row0 + r >= p.m || col >= p.n) continue;
+        Tc* dst = c + static_cast<int64_t>(row0 + r) * p.ldc + col;
+        const Tc* src = reinterpret_cast<const Tc*>(buf + r * kLd + 4 * rg);
+        if (col + 8 <= p.n) {
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+          for (int e = 0; e < p.n - col; ++e) dst[e] = src[e];
+        }
+      }
+    } else {
+      // Rows not on 16 bytes: warp w takes rows w, w + 4, ..., lanes take
+      // adjacent columns (64 contiguous bytes a store instruction).
+      const Tc* staged = reinterpret_cast<const Tc*>(buf);
+#pragma unroll 4
+      for (int r = warp; r < 64; r += 4) {
+        if (row0 + r >= p.m) break;
+        Tc* dst = c + static_cast<int64_t>(row0 + r) * p.ldc;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int col = cc + lane + 32 * h;
+          if (col < p.n) dst[col] = staged[r * 2 * kLd + lane + 32 * h];
+        }
+      }
+    }
+    WarpgroupBarrier(bar_id);  // the chunk is read before the next one overwrites it
+  }
+}
+
+// C (16-bit or fp32) of a consumer warpgroup's block with beta != 0: as
+// StagedEpilogue16, but staged in fp32 (32 columns a chunk) so that
+// alpha * acc + beta * C is rounded once; both rows' C loads of a chunk are
+// issued before either row is stored (the fragments' own stores read C one
+// pair at a time, each load waiting for the previous store).
+template <typename Tc, typename Cfg>
+__device__ __forceinline__ void StagedEpilogueBeta(const TcParams& p, Tc* c, int row0, int col0,
+                                                   const float (&d)[Cfg::kAcc], float* buf,
+                                                   int bar_id) {
+  constexpr int kLd = Cfg::kEpiLd;  // floats per staged row (32 values + padding)
+  const int t = threadIdx.x % 128, lane = t % 32, warp = t / 32;
+  const int fr = warp * 16 + lane / 4, fc = 2 * (lane % 4);  // fragment row and column
+  const int rr = t / 4, rc = 8 * (t % 4);                    // read back: rows rr, rr + 32
+#pragma unroll
+  for (int ch = 0; ch < Cfg::kBN / 32; ++ch) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = ch * 4 + j;  // the fragment's 8-column group
+      *reinterpret_cast<float2*>(buf + fr * kLd + 8 * j + fc) = make_float2(d[4 * i], d[4 * i + 1]);
+      *reinterpret_cast<float2*>(buf + (fr + 8) * kLd + 8 * j + fc) =
+          make_float2(d[4 * i + 2], d[4 * i + 3]);
+    }
+    WarpgroupBarrier(bar_id);
+    const int col = col0 + ch * 32 + rc;
+    float v[2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* src = buf + (rr + 32 * h) * kLd + rc;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[h][e] = p.alpha * src[e];
+    }
+    if (col < p.n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (row0 + rr + 32 * h < p.m)
+          AddRow8(p, c + static_cast<int64_t>(row0 + rr + 32 * h) * p.ldc, col, v[h]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (row0 + rr + 32 * h < p.m)
+          StoreRow8(p, c + static_cast<int64_t>(row0 + rr + 32 * h) * p.ldc, col, v[h]);
+    }
+    WarpgroupBarrier(bar_id);  // the chunk is read before the next one overwrites it
+  }
+}
+
+// C^T (swap-AB) of a consumer warpgroup's block with fp32 C or beta != 0,
+// element by element from the fragments: (row, col) of the block goes to
+// C[col, row]. Swap-AB runs thin problems, whose C is small.
+template <typename Tc, int kAcc>
+__device__ __forceinline__ void TransposedEpilogue(const TcParams& p, Tc* c, int row0, int col0,
+                                                   const float (&d)[kAcc]) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int row = row0 + warp * 16 + lane / 4, col = col0 + 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < kAcc / 4; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = row + 8 * (e / 2), cl = col + 8 * i + e % 2;
+      if (r >= p.m || cl >= p.n) continue;
+      Tc* t = c + static_cast<int64_t>(cl) * p.ldc + r;
+      const float v = p.alpha * d[4 * i + e];
+      *t = FromFloat<Tc>(p.beta != 0.f ? fmaf(p.beta, ToFloat(*t), v) : v);
+    }
+}
+
+// A consumer warpgroup's epilogue: with beta != 0 through shared memory in
+// fp32 (StagedEpilogueBeta); 16-bit C through shared memory
+// (StagedEpilogue16, C^T too); fp32 C (the split-K partials too) straight
+// from the fragments, whose stores fill whole sectors there; C^T with fp32 C
+// or beta by TransposedEpilogue. `buf` is the
+// warpgroup's kEpiBytes / kConsumers bytes, `bar_id` its named barrier.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void ConsumerEpilogue(const TcParams& p, int bi, int row0, int col0,
+                                                 float (&d)[Cfg::kAcc], float* buf, int bar_id) {
+  if (row0 >= p.m) return;  // uniform over the warpgroup
+  if (p.c_trans && (p.beta != 0.f || p.c_type == 0)) {
+    if (p.c_type == 0)
+      TransposedEpilogue(p, BatchC<float>(p, bi), row0, col0, d);
+    else if constexpr (!std::is_same_v<T, float>)
+      TransposedEpilogue(p, BatchC<T>(p, bi), row0, col0, d);
+    return;
+  }
+  if (p.beta != 0.f) {
+    if (p.c_type == 0)
+      StagedEpilogueBeta<float, Cfg>(p, BatchC<float>(p, bi), row0, col0, d, buf, bar_id);
+    else if constexpr (!std::is_same_v<T, float>)
+      StagedEpilogueBeta<T, Cfg>(p, BatchC<T>(p, bi), row0, col0, d, buf, bar_id);
+    return;
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    if (p.c_type != 0 && p.beta == 0.f) {
+      StagedEpilogue16<T, Cfg>(p, BatchC<T>(p, bi), row0, col0, d, reinterpret_cast<uint32_t*>(buf),
+                               bar_id);
+      return;
+    }
+  }
+  Epilogue<T>(p, bi, row0, col0, d);
 }
 
 __device__ __forceinline__ uint32_t AlignedSmemBase(unsigned char* raw) {
@@ -213,15 +502,18 @@ __global__ void __launch_bounds__(128, 1)
 // tile column and share B through TMA multicast; a stage may be refilled only
 // when the consumers of both CTAs have released it, so every consumer warp
 // arrives on the "empty" barrier of both CTAs.
-template <typename T, bool kTransA, bool kTransB, int kCluster>
+template <typename T, bool kTransA, bool kTransB, int kCluster, typename Cfg = WgmmaConfig<2, 4>>
 __global__ void __launch_bounds__(384, 1)
     WgmmaWsKernel(const __grid_constant__ CUtensorMap map_a,
                   const __grid_constant__ CUtensorMap map_b, const TcParams p) {
-  using Cfg = WgmmaConfig<2, 4>;
+  static_assert(Cfg::kConsumers == 2, "one producer and two consumer warpgroups");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = AlignedSmemBase(smem_raw);
-  const uint32_t full = base + Cfg::kStages * Cfg::kStageBytes;  // full[kStages]
-  const uint32_t empty = full + 8 * Cfg::kStages;                 // empty[kStages]
+  // [stages][epilogue buffers][full barriers][empty barriers]
+  float* const epi = reinterpret_cast<float*>(smem_raw + (base - SmemAddr(smem_raw)) +
+                                              Cfg::kStages * Cfg::kStageBytes);
+  const uint32_t full = base + Cfg::kStages * Cfg::kStageBytes + Cfg::kEpiBytes;  // full[kStages]
+  const uint32_t empty = full + 8 * Cfg::kStages;                                 // empty[kStages]
   auto stage_a = [&](int s) { return base + s * Cfg::kStageBytes; };
   auto stage_b = [&](int s) { return base + s * Cfg::kStageBytes + Cfg::kABytes; };
   constexpr int kBK = Cfg::kRowBytes / sizeof(T);
@@ -269,6 +561,7 @@ __global__ void __launch_bounds__(384, 1)
   } else {
     sm90::SetMaxRegistersInc<232>();
     const int consumer = wg - 1;
+    float* const epi_buf = epi + consumer * 64 * Cfg::kEpiLd;
     const bool arriver = threadIdx.x % 32 == 0;
     auto release = [&](int s) {
       if constexpr (kCluster == 1) {
@@ -284,9 +577,11 @@ __global__ void __launch_bounds__(384, 1)
       DecodeTile(p, unit % p.tiles, bi, tm, tn);
       const int split = static_cast<int>(unit / p.tiles);
       const int kb0 = split * kb_per_unit, kb1 = min(kblocks, kb0 + kb_per_unit);
-      float d[128];
+      const int row0 = (tm * kCluster + rank) * Cfg::kBM + consumer * 64, col0 = tn * Cfg::kBN;
+      if (p.beta != 0.f && p.splits == 1 && !p.c_trans) PrefetchC<Cfg::kBN>(p, bi, row0, col0);
+      float d[Cfg::kAcc];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) d[i] = 0.f;
+      for (int i = 0; i < Cfg::kAcc; ++i) d[i] = 0.f;
       for (int kb = kb0; kb < kb1; ++kb, ++it) {
         const int s = it % Cfg::kStages;
         sm90::MbarWait(full + 8 * s, (it / Cfg::kStages) & 1);
@@ -298,7 +593,6 @@ __global__ void __launch_bounds__(384, 1)
       sm90::WgmmaWait<0>();
       if (arriver) release((it - 1) % Cfg::kStages);
       sm90::FenceRegisters(d);
-      const int row0 = (tm * kCluster + rank) * Cfg::kBM + consumer * 64, col0 = tn * Cfg::kBN;
       if (p.splits > 1) {  // this range's fp32 sums, dense, alpha and beta later
         TcParams q = p;
         q.c = p.partials + int64_t(split) * p.batch * p.m * p.n;
@@ -308,9 +602,10 @@ __global__ void __launch_bounds__(384, 1)
         q.alpha = 1.f;
         q.beta = 0.f;
         q.c_pairs = p.n % 2 == 0;
-        Epilogue<T>(q, bi, row0, col0, d);
+        q.c_trans = 0;  // the partials are C^T's, dense; the reduction transposes
+        ConsumerEpilogue<T, Cfg>(q, bi, row0, col0, d, epi_buf, 1 + consumer);
       } else {
-        Epilogue<T>(p, bi, row0, col0, d);
+        ConsumerEpilogue<T, Cfg>(p, bi, row0, col0, d, epi_buf, 1 + consumer);
       }
     }
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpucompute/kernels/gemm.h"
+#include "kernels/src/heuristics/gemm_heuristics.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace gpucompute::testing {
@@ -269,6 +270,8 @@ std::vector<Case> AllCases() {
                                              "wgmma_cluster_persistent",
                                              "wgmma_splitk",
                                              "wgmma_packed",
+                                             "wgmma_splitk_128x128",
+                                             "wgmma_splitk_128x64",
                                              "ladder",
                                              "cublaslt",
                                              ""};
@@ -287,7 +290,13 @@ std::vector<Case> AllCases() {
   add({"", 1000, 3000, 777});   // odd K: leading dimensions TMA cannot take
   add({"", 2056, 3080, 2072});  // many tiles, ragged edges, TMA-friendly
   add({"", 256, 512, 8192});    // large K, few tiles: split-K into 32 ranges
-  add({"", 8, 4096, 4096});     // thin M against a wide B: split-K
+  add({"", 8, 4096, 4096});     // thin M against a wide B: split-K, swap-AB (C^T)
+  add({"", 40, 2056, 1000});    // swap-AB, thin side not a multiple of 8
+  {
+    Case c{"", 24, 1032, 520};
+    c.beta = 0.5f;
+    add(c);  // swap-AB with beta
+  }
   {
     Case c{"", 100, 300, 3000};
     c.beta = 0.5f;
@@ -318,6 +327,12 @@ std::vector<Case> AllCases() {
     c.batch = 2;
     c.share_b = true;
     add(c);  // ... with B shared by the batch (stride 0)
+  }
+  {
+    Case c{"", 76, 300, 132};
+    c.pad = 4;
+    c.beta = 0.25f;
+    add(c);  // every row on 16 bytes, N not a multiple of 8: a partial vector per row
   }
   {
     Case c{"", 96, 200, 64};
@@ -378,7 +393,8 @@ GemmArgs SmallArgs() {
 TEST(GemmTcApi, ListsEveryRung) {
   const auto& v = kernels::GemmTcVariants();
   for (const char* name : {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
-                           "wgmma_cluster_persistent", "wgmma_splitk", "wgmma_packed"})
+                           "wgmma_cluster_persistent", "wgmma_splitk", "wgmma_packed",
+                           "wgmma_splitk_128x128", "wgmma_splitk_128x64"})
     EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
 }
 
@@ -409,6 +425,53 @@ TEST(GemmTcApi, RefusesWithReasons) {
   bad.ldc = 10;
   EXPECT_FALSE(kernels::CanImplementGemmTc(bad, ""));
   EXPECT_EQ(kernels::LaunchGemmTc(bad, "", nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// The split-K kernel's plan (heuristics/gemm_heuristics.h), host only.
+TEST(GemmTilePlan, CoversKWithoutEmptyRanges) {
+  for (const auto& [m, n, kb, batch] : std::vector<std::array<int64_t, 4>>{{128, 128, 2, 1},
+                                                                           {1024, 1024, 16, 1},
+                                                                           {256, 256, 1024, 1},
+                                                                           {16, 4096, 64, 1},
+                                                                           {4096, 4096, 1, 1},
+                                                                           {100, 300, 94, 1},
+                                                                           {512, 512, 8, 8}}) {
+    for (bool swap : {false, true}) {
+      const kernels::GemmTilePlan p = kernels::ChooseWgmmaTilePlan(m, n, kb, batch, 132, 0, swap);
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + " kb " + std::to_string(kb));
+      EXPECT_TRUE(p.bn == 256 || p.bn == 128 || p.bn == 64);
+      EXPECT_GE(p.splits, 1);
+      EXPECT_GE(int64_t(p.splits) * p.kb_per_split, kb);      // every k-block in a range
+      EXPECT_LT(int64_t(p.splits - 1) * p.kb_per_split, kb);  // no empty range
+      EXPECT_LE(p.splits, 64);
+      if (!swap) EXPECT_FALSE(p.swap);
+    }
+  }
+}
+
+TEST(GemmTilePlan, FillsTheSmsWithTheCheapestTile) {
+  // Few tiles: narrow ones (1024^3 bf16 has 16 k-blocks: 128 tiles of 128 x
+  // 64, no split); many tiles: the widest; large K on few tiles: a split.
+  kernels::GemmTilePlan p = kernels::ChooseWgmmaTilePlan(1024, 1024, 16, 1, 132);
+  EXPECT_EQ(p.bn, 64);
+  EXPECT_EQ(p.splits, 1);
+  p = kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132);
+  EXPECT_EQ(p.bn, 256);
+  EXPECT_EQ(p.splits, 1);
+  p = kernels::ChooseWgmmaTilePlan(512, 512, 512, 1, 132);
+  EXPECT_GT(p.splits, 1);
+  // A named width is kept.
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 128).bn, 128);
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(128, 128, 2, 1, 132, 64).bn, 64);
+}
+
+TEST(GemmTilePlan, SwapsThinProblemsOnlyWhenAllowed) {
+  // 16 rows against a 4096 x 4096 weight: C^T puts the weight on the rows.
+  EXPECT_TRUE(kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true).swap);
+  EXPECT_FALSE(kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, false).swap);
+  // 128 rows and more fill a tile's rows: never swapped.
+  EXPECT_FALSE(kernels::ChooseWgmmaTilePlan(128, 4096, 64, 1, 132, 0, true).swap);
+  EXPECT_FALSE(kernels::ChooseWgmmaTilePlan(4096, 16, 64, 1, 132, 0, true).swap);
 }
 
 TEST(GemmTcApi, EmptyProblemIsANoOp) {

@@ -54,9 +54,16 @@ using Options = SweepOptions;
 // Every version of ours a case may run, and the vendor fallback. The slow
 // rungs of the SIMT ladder (naive .. swizzle) and the one-warpgroup wgmma_tma
 // are left out: they lose everywhere (gemm_simt.md, gemm_tc.md).
-const std::vector<std::string> kTcVariants = {
-    "mma_sync",     "wgmma_ws",     "wgmma_persistent", "wgmma_cluster", "wgmma_cluster_persistent",
-    "wgmma_splitk", "wgmma_packed", "cublaslt"};
+const std::vector<std::string> kTcVariants = {"mma_sync",
+                                              "wgmma_ws",
+                                              "wgmma_persistent",
+                                              "wgmma_cluster",
+                                              "wgmma_cluster_persistent",
+                                              "wgmma_splitk",
+                                              "wgmma_splitk_128x128",
+                                              "wgmma_splitk_128x64",
+                                              "wgmma_packed",
+                                              "cublaslt"};
 const std::vector<std::string> kSimtVariants = {"warptile", "splitk", "cublaslt"};
 
 struct Case {

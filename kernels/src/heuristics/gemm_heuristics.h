@@ -25,10 +25,13 @@
 // enough to pay for the copies (below); everywhere else the default is the
 // vendor fallback wherever it runs, named "cublaslt" in the shard timings and
 // kernel metrics, and our ladders run where it does not (an output dtype or a
-// size it refuses).
+// size it refuses). Run 11 (staged epilogue, tile widths, swap-AB: own
+// kernels 0.900x geomean) still found no other class ahead of cuBLASLt, only
+// single shapes (thin M against a 128256 x 4096 weight, 1.04-1.10x).
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMM_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMM_HEURISTICS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gpucompute/kernels/common.h"
@@ -65,6 +68,106 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // ~1.6x slower than its NT ones; A copied K-major first: 1.02-1.16x.
   if (s.tf32 && s.trans_a && !s.trans_b && volume >= kGemmPackedMinVolume) return "wgmma_packed";
   return "cublaslt";
+}
+
+// --- The tile and K split of wgmma_splitk (and of wgmma_packed, which runs
+// its kernel): 128 rows by 256, 128 or 64 columns, K cut into ranges whose
+// fp32 partial sums one more kernel adds up.
+//
+// A block of the persistent kernel works on one tile at a time, so a problem
+// of few tiles leaves SMs idle (1024^3 bf16 as 32 tiles of 128 x 256: 0.33x
+// cuBLAS; each tile ~31k cycles on its SM in Nsight Compute). Narrower tiles
+// make more of them but cost more loads per FLOP; a K split makes more units
+// but costs the partial sums' traffic and a second kernel. The choice is the
+// cheapest of every width, with and without a split, in a small cost model
+// whose constants come from the server-path sweep (sweep-gemm.md):
+//   - a k-block (128 bytes of K) of a 128 x 256 tile at the tensor-core peak:
+//     kGemmKBlockUs (bf16 and tf32 alike: tf32 has half the FLOPs a byte at
+//     half the rate);
+//   - narrower tiles run at kGemmTileSpeed of that per column (2048^3 bf16:
+//     25.7 us on 128 x 256 tiles, 29.2 on 128 x 128 in two waves, 38.6 on
+//     128 x 64 in four);
+//   - a split adds kGemmSplitLaunchUs and (2 splits + 1) passes over M x N
+//     fp32 values at kGemmHbmBytesPerUs (1024^3 bf16 on 128 x 128 tiles in two
+//     ranges: 17.5 us, against 7.2 us unsplit on 128 x 64 tiles).
+struct GemmTileSpeed {
+  int bn;
+  double speed;  // throughput per column relative to 128 x 256 tiles
+};
+inline constexpr GemmTileSpeed kGemmTileSpeed[] = {{256, 1.0}, {128, 0.88}, {64, 0.67}};
+inline constexpr double kGemmKBlockUs = 0.56;
+inline constexpr double kGemmSplitLaunchUs = 2.0;
+inline constexpr double kGemmHbmBytesPerUs = 3.0e6;
+
+struct GemmTilePlan {
+  int bn = 256;          // tile columns (128 rows)
+  int splits = 1;        // K ranges
+  int kb_per_split = 0;  // k-blocks (128 bytes of K) per range
+  bool swap = false;     // computes C^T = op(B)^T op(A)^T (m and n trade places)
+};
+
+// K cut for 128 x bn tiles: with fewer tiles than SMs and at least 4
+// k-blocks, ranges of at least 2 k-blocks (at most 64 ranges) until the
+// units (tile, range) about fill one wave; else one range.
+inline GemmTilePlan PlanGemmSplitK(int64_t m, int64_t n, int64_t kblocks, int64_t batch, int bn,
+                                   int sms) {
+  GemmTilePlan plan;
+  plan.bn = bn;
+  plan.kb_per_split = static_cast<int>(std::min<int64_t>(kblocks, INT32_MAX));
+  const int64_t tiles = ((m + 127) / 128) * ((n + bn - 1) / bn) * batch;
+  if (tiles >= sms || kblocks < 4) return plan;
+  const int64_t want = std::min<int64_t>({sms / tiles, kblocks / 2, 64});
+  if (want <= 1) return plan;
+  const int64_t per = (kblocks + want - 1) / want;
+  plan.kb_per_split = static_cast<int>(per);
+  plan.splits = static_cast<int>((kblocks + per - 1) / per);
+  return plan;
+}
+
+// The cost model's estimate of `plan` in microseconds.
+inline double GemmTilePlanUs(int64_t m, int64_t n, int64_t batch, const GemmTilePlan& plan,
+                             double speed, int sms) {
+  const int64_t units = ((m + 127) / 128) * ((n + plan.bn - 1) / plan.bn) * batch * plan.splits;
+  const double waves = double((units + sms - 1) / sms);
+  double us = waves * plan.kb_per_split * kGemmKBlockUs * (plan.bn / 256.0) / speed;
+  if (plan.splits > 1)
+    us += kGemmSplitLaunchUs + (2.0 * plan.splits + 1.0) * double(m) * double(n) * double(batch) *
+                                   4.0 / kGemmHbmBytesPerUs;
+  return us;
+}
+
+// The plan of the split-K kernel for an op(A) [m, k] x op(B) [k, n] problem
+// of `batch` entries and `kblocks` k-blocks: the cheapest width and split;
+// only_bn != 0 keeps that width (a variant that names its tile).
+//
+// With allow_swap and fewer than 128 rows (thin M: a few tokens against a
+// weight) the swapped problem C^T = op(B)^T op(A)^T is a candidate too: the
+// wide side then fills the 128-row side of the tiles and the thin side one
+// narrow tile column (16 x 4096 x 4096 bf16: 128 x 256 tiles in 8 K ranges
+// ran 0.55x cuBLAS, every tile 112 of its 128 rows empty).
+inline GemmTilePlan ChooseWgmmaTilePlan(int64_t m, int64_t n, int64_t kblocks, int64_t batch,
+                                        int sms, int only_bn = 0, bool allow_swap = false) {
+  GemmTilePlan best;
+  double best_us = -1;
+  for (int swap = 0; swap < (allow_swap && m < 128 ? 2 : 1); ++swap) {
+    const int64_t rows = swap ? n : m, cols = swap ? m : n;
+    for (const GemmTileSpeed& t : kGemmTileSpeed) {
+      if (only_bn != 0 && t.bn != only_bn) continue;
+      const GemmTilePlan split = PlanGemmSplitK(rows, cols, kblocks, batch, t.bn, sms);
+      GemmTilePlan whole = split;
+      whole.splits = 1;
+      whole.kb_per_split = split.splits > 1 ? static_cast<int>(kblocks) : split.kb_per_split;
+      for (GemmTilePlan plan : {whole, split}) {
+        plan.swap = swap;
+        const double us = GemmTilePlanUs(rows, cols, batch, plan, t.speed, sms);
+        if (best_us < 0 || us < best_us) {
+          best = plan;
+          best_us = us;
+        }
+      }
+    }
+  }
+  return best;
 }
 
 }  // namespace gpucompute::kernels
