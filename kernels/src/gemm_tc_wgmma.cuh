@@ -48,7 +48,7 @@ struct WgmmaConfig {
   static constexpr int kBBytes = kBN * kRowBytes;   // (BLOCK_N, 128 B)
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kMnBlockBytes = 64 * kRowBytes;  // MN-major: 64 values x 64 K rows
-  // Staged epilogue of 16-bit C (StagedEpilogue16 / Beta): per consumer, 64
+  // Staged epilogue (StagedEpilogue16, StagedEpilogueBeta): per consumer, 64
   // rows of 32 words (64 16-bit or 32 fp32 values) kEpiLd words apart (4
   // words of padding: conflict-free fragment writes and 16-byte row reads).
   static constexpr int kEpiLd = 32 + 4;
