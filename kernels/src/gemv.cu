@@ -68,13 +68,42 @@
 //                204.4, still 0.66x of cuBLAS (133.9): x goes through
 //                element loads from L1, 16 per 32 k per lane. 3001x2000 n=8:
 //                7.9 against cuBLAS 7.1.
-//   cublas       the vendor fallback (cublasGemmEx, fp32 compute, no
-//                reduced-precision split-K) where ours still lose: A^T x
-//                (trans_split 0.41-0.74x of the vendor: the k split over
-//                many blocks leaves a long serial combine in the last block
-//                of a tile, bf16 1024x50000 63.3 against 26.6; and at 4..8
-//                columns its FMAs and conversions are the limit) and
-//                fp16/bf16 with 5..8 columns.
+//   trans_mma    op(A) = A^T, fp16/bf16, on the tensor cores: the tile's
+//                columns are the MMA's rows (mma.sync m16n8k16, x padded to 8
+//                columns), k split over up to 8 CTAs of a cluster that add
+//                their sums in distributed shared memory (one launch, no
+//                workspace). 16-byte rows stream through cp.async into a
+//                ring of 16-row steps per warp (16-18 KiB in flight each)
+//                and come out by ldmatrix.trans; other rows take register
+//                loads. Measured 2026-12-02 through the server's path (A^T
+//                classes of the sweep, bf16; cuBLAS = GemmEx or gemv):
+//                  register loads, 2 CTAs/SM: 16384^2 n=1 124.4 (cuBLAS
+//                  122.1) but 1000x100000 188.0 (54.9): the compiler kept
+//                  one step of loads in flight, and x's loads each step
+//                  added a round trip;
+//                  1-D bulk copies (one per 256-byte row) into the ring:
+//                  16384^2 190.5: the copy engine's cost per small copy;
+//                  cp.async ring, x read by register loads: 1000x100000
+//                  93.2;
+//                  cp.async ring with x's 16 rows copied into each stage:
+//                  16384^2 n=1/4/8 128.7/128.2/129.0 (cuBLAS 118.8/172.8/
+//                  126.9), 4096^2 n=8 9.0 (12.0), 1000x100000 n=8 53.7
+//                  (58.0), 1024x50000 n=4 28.0 (37.2). Odd lda (register
+//                  loads, 64-column tiles): 3001x2000 n=1 11.0 (6.4), n=8
+//                  11.1 (13.4).
+//                trans_split also moved to cluster splits where 8 of them
+//                give every SM a CTA (no workspace, no clearing pass), with
+//                8 rows in flight for 1..2 columns and a combine that adds
+//                every output of the tile at once otherwise: fp32 16384^2
+//                n=8 320.2 -> 254.4 (cuBLAS 438.3), 4096^2 n=1 28.0 -> 19.4.
+//   cublas       the vendor fallback (cublasGemmEx or its gemv, fp32
+//                compute, no reduced-precision split-K) where ours still
+//                lose: A^T x with one column (cuBLAS reads A faster than a
+//                D2D copy), with 16-bit rows that are not 16-byte aligned,
+//                and with 5..8 columns on a few short columns (see
+//                heuristics/gemv_heuristics.h); and fp16/bf16 A x with 5..8
+//                columns.
+#include <cooperative_groups.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -83,12 +112,13 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <utility>
 #include <type_traits>
+#include <utility>
 
 #include "gpucompute/kernels/gemv.h"
 #include "heuristics/gemv_heuristics.h"
 #include "launch_util.h"
+#include "sm90_primitives.cuh"
 
 namespace gpucompute::kernels {
 namespace {
@@ -106,11 +136,12 @@ struct GemvParams {
   int ncols;
   int y_type;  // DType of y
   float alpha, beta;
-  // trans_split only.
+  // trans_split and trans_mma.
   int64_t rows_per_split;  // rows of the stored A ([k, m]) per split
   int splits;
   float* partial;      // [splits][m][ncols] fp32 partial sums
   unsigned* counters;  // one ticket counter per column tile, zero at launch
+  bool cluster;        // splits meet in a cluster's shared memory (no workspace)
 };
 
 // ---------------------------------------------------------------------------
@@ -650,6 +681,39 @@ __global__ void __launch_bounds__(kThreads) GemvTransNaiveKernel(GemvParams p) {
 }
 
 // ---------------------------------------------------------------------------
+// Splits of k over the CTAs of a thread-block cluster (trans_mma and the
+// cluster mode of trans_split): each CTA leaves its sums for the tile's
+// columns in shared memory, `sums[col_local * 8 + c]`, and after a cluster
+// barrier CTA `rank` adds the splits of every (p.splits)th output from the
+// CTAs' shared memory (distributed shared memory), rank 0 first: a fixed
+// order, no workspace, no second pass. With one split the CTA writes its own
+// sums. Every thread of the cluster's CTAs must call it (it holds barriers).
+__device__ __forceinline__ void ClusterCombine(const GemvParams& p, const float* sums,
+                                               int64_t tile_col0, int tile_cols) {
+  namespace cg = cooperative_groups;
+  const int splits = p.splits;
+  const int64_t cols = std::min<int64_t>(tile_cols, p.m - tile_col0);
+  const int outputs = int(cols) * p.ncols;
+  if (splits == 1) {
+    __syncthreads();
+    for (int o = threadIdx.x; o < outputs; o += blockDim.x)
+      WriteY(p, tile_col0 * p.ncols + o, sums[(o / p.ncols) * 8 + o % p.ncols]);
+    return;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every CTA's sums are in place
+  const int rank = int(cluster.block_rank());
+  for (int o = rank * int(blockDim.x) + int(threadIdx.x); o < outputs;
+       o += splits * int(blockDim.x)) {
+    const int at = (o / p.ncols) * 8 + o % p.ncols;
+    float s = 0.f;
+    for (int r = 0; r < splits; ++r) s += cluster.map_shared_rank(sums, r)[at];
+    WriteY(p, tile_col0 * p.ncols + o, s);
+  }
+  cluster.sync();  // no CTA leaves while others still read its shared memory
+}
+
+// ---------------------------------------------------------------------------
 // trans_split / trans_wide: op(A) = A^T, A stored [k, m]. A block owns a
 // column tile of 32 * kVw * kQ columns and a range of rows (one split of k);
 // lane tx reads kVw consecutive columns at kQ places 32 * kVw apart, so that a
@@ -660,7 +724,9 @@ template <typename T, int kNcols, int kVw, int kQ>
 struct TransSplitConfig {
   static constexpr int kTileM = kWarpSize * kVw * kQ;  // (TILE_M) columns per block
   static constexpr int kRowStep = kWarpsPerBlock;      // warps of a block interleave rows
-  static constexpr int kUnroll = kQ >= 4 ? 1 : 4 / kQ;  // rows in flight per thread
+  // Rows in flight per thread: 8 for one segment and 1..2 columns (few
+  // accumulators; the cluster mode may run one CTA per SM), else 4 / kQ.
+  static constexpr int kUnroll = kQ >= 4 ? 1 : (kQ == 1 && kNcols <= 2 ? 8 : 4 / kQ);
   static constexpr int kLoadBytes = kVw * int(sizeof(T));
   static constexpr int kWords = (kLoadBytes + 3) / 4;
   static constexpr int kOutputs = kTileM * kNcols;  // (TILE_M, NCOLS) results per block
@@ -676,6 +742,7 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
   constexpr int kQStride = kWarpSize * kVw;  // columns between a lane's kQ segments
   __shared__ float red[kWarpsPerBlock][Cfg::kOutputs];  // (warp, ((q * VW + v) * NCOLS + c) * 32 + lane)
   __shared__ bool is_last;
+  __shared__ float cluster_sums[kQ == 1 ? Cfg::kTileM * 8 : 1];  // (col, c): cluster mode
 
   const int tx = threadIdx.x % kWarpSize;
   const int ty = threadIdx.x / kWarpSize;
@@ -759,6 +826,21 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
     *c = qvc % kNcols;
     return *col < p.m && *c < p.ncols;
   };
+  if constexpr (kQ == 1) {
+    if (p.cluster) {  // the splits meet in the cluster's shared memory
+      for (int o = threadIdx.x; o < Cfg::kOutputs; o += kThreads) {
+        int64_t col;
+        int c;
+        if (!output_index(o, &col, &c)) continue;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarpsPerBlock; ++w) s += red[w][o];
+        cluster_sums[(col - tile_col0) * 8 + c] = s;
+      }
+      ClusterCombine(p, cluster_sums, tile_col0, Cfg::kTileM);
+      return;
+    }
+  }
   for (int o = threadIdx.x; o < Cfg::kOutputs; o += kThreads) {
     int64_t col;
     int c;
@@ -778,48 +860,435 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // One warp per output; lanes stride over the splits, then a fixed-order
-  // shuffle tree: the same order every launch.
-  const int lane = tx;
-  for (int o = ty; o < Cfg::kOutputs; o += kWarpsPerBlock) {
-    int64_t col;
-    int c;
-    if (!output_index(o, &col, &c)) continue;
+  // Groups of `lanes` lanes (1, 8 or 32, more for more splits) each add one
+  // output's splits: lane i of a group the splits i, i + lanes, ... in
+  // order, then a fixed shuffle tree over the group: the same order every
+  // launch, and every output of the tile in flight at once when the splits
+  // are few.
+  const int lanes = p.splits > 128 ? 32 : (p.splits > 16 ? 8 : 1);
+  const int per_block = kThreads / lanes;
+  const int sub = threadIdx.x % lanes;
+  const int64_t stride = p.m * p.ncols;
+  for (int base = 0; base < Cfg::kOutputs; base += per_block) {  // the same trips in every warp
+    const int o = base + int(threadIdx.x) / lanes;
+    int64_t col = 0;
+    int c = 0;
+    const bool valid = o < Cfg::kOutputs && output_index(o, &col, &c);
     float s = 0.f;
-    for (int sp = lane; sp < p.splits; sp += kWarpSize)
-      s += __ldcg(p.partial + (int64_t(sp) * p.m + col) * p.ncols + c);
-    s = WarpSum(s);
-    if (lane == 0) WriteY(p, col * p.ncols + c, s);
+    if (valid) {
+      const float* part = p.partial + col * p.ncols + c;
+      for (int sp = sub; sp < p.splits; sp += lanes) s += __ldcg(part + int64_t(sp) * stride);
+    }
+    for (int off = 1; off < lanes; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (valid && sub == 0) WriteY(p, col * p.ncols + c, s);
   }
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;
+}
+
+// ---------------------------------------------------------------------------
+// trans_mma: op(A) = A^T (A stored [k, m]), fp16/bf16, 1..8 columns, on the
+// tensor cores: y^T's tile is computed as D = op(A)^T-tile [cols x k] times
+// x [k x 8] with mma.sync m16n8k16 (fp32 accumulation), the tile's columns of
+// A being the MMA's M rows and x (padded to 8 columns) its N. A block of 8
+// warps owns kChunks * 64 columns; every warp covers all of them and the
+// warps take the 16-row steps of the block's k range in turn (warp w: steps
+// w, w + 8, ...). This kernel takes rows at any 2-byte alignment (odd lda;
+// 16-byte rows take the bulk-copy kernel below). Lane (g, tig) =
+// (lane / 4, lane % 4) reads 16 bytes (8 columns g*8..g*8+7 of each 64-column
+// chunk, as aligned 4-byte words funnel-shifted where the row is 2 bytes
+// off) of the rows 2tig, 2tig+1,
+// 2tig+8, 2tig+9 of a step: exactly the k indices its A fragments hold, so a
+// byte permute of two rows' words gives a fragment register (one column, two
+// consecutive k), and the 8 columns of its vector feed 4 MMAs, column 2jj as
+// the fragment's row g and 2jj+1 as row g+8. x's fragment holds x[k][g] for
+// the same k. kSteps steps are loaded before any MMA: 256 (one chunk) or
+// 128 (two) bytes of A in flight per lane.
+// k is split over the CTAs of a cluster (p.splits of them, up to 8), which
+// meet in ClusterCombine; within a CTA the 8 warps meet in shared memory.
+// REQUIRES: fp16 or bf16; launched with p.splits CTAs per cluster along x
+// (blockIdx.x = tile * p.splits + rank), p.rows_per_split a multiple of 16.
+
+template <int kChunks>
+struct TransMmaConfig {
+  static constexpr int kTileCols = 64 * kChunks;
+  // 16-row steps loaded at once: 4 with one chunk, 1 with two (two would
+  // spill at the 128 registers that keep 2 CTAs per SM resident).
+  static constexpr int kSteps = kChunks == 1 ? 4 : 1;
+};
+
+// 8 elements (4 words) of a row starting at `ptr`, at any 2-byte alignment:
+// aligned 4-byte words, funnel-shifted when the row is 2 bytes off.
+__device__ __forceinline__ void LoadRowChunk(const void* ptr, uint32_t* w) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
+  const uint32_t* base = reinterpret_cast<const uint32_t*>(addr & ~uintptr_t(3));
+  const uint32_t shift = (addr & 2u) ? 16u : 0u;
+  uint32_t u[5];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) u[i] = __ldg(base + i);
+  // The fifth word holds the last element only when the row is 2 bytes off
+  // 4-byte alignment; it is then the aligned word that holds the chunk's last
+  // byte, so it never reaches past the page that holds it.
+  u[4] = shift ? __ldg(base + 4) : 0u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = __funnelshift_r(u[i], u[i + 1], shift);
+}
+
+// The same, element by element: columns at or past p.m and rows at or past
+// `j_end` read as 0.
+__device__ __forceinline__ void LoadRowChunkGuarded(const GemvParams& p, int64_t j, int64_t j_end,
+                                                    int64_t col, uint32_t* w) {
+  const unsigned short* a = static_cast<const unsigned short*>(p.a);
+  const bool row_ok = j < j_end;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t c = col + 2 * i;
+    const uint32_t lo = row_ok && c < p.m ? __ldg(a + j * p.lda + c) : 0u;
+    const uint32_t hi = row_ok && c + 1 < p.m ? __ldg(a + j * p.lda + c + 1) : 0u;
+    w[i] = lo | (hi << 16);
+  }
+}
+
+// Raw bits of x[j][c] and x[j + 1][c] (0 where c >= ncols or a row is at or
+// past j_end).
+__device__ __forceinline__ uint32_t XPairBits(const GemvParams& p, int64_t j, int c,
+                                              int64_t j_end) {
+  if (c >= p.ncols) return 0u;
+  const unsigned short* x = static_cast<const unsigned short*>(p.x);
+  const uint32_t lo = j < j_end ? __ldg(x + j * p.ncols + c) : 0u;
+  const uint32_t hi = j + 1 < j_end ? __ldg(x + (j + 1) * p.ncols + c) : 0u;
+  return lo | (hi << 16);
+}
+
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kThreads, 2) GemvTransMmaKernel(GemvParams p) {
+  using Cfg = TransMmaConfig<kChunks>;
+  constexpr int kSteps = Cfg::kSteps;
+  constexpr int kRegs = kChunks * 16;  // accumulators per lane
+  __shared__ float red[kWarpsPerBlock][kRegs][kWarpSize];
+  __shared__ float sums[Cfg::kTileCols * 8];
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane >> 2, tig = lane & 3;
+  const int64_t tile = blockIdx.x / unsigned(p.splits);
+  const int rank = int(blockIdx.x % unsigned(p.splits));
+  const int64_t tile_col0 = tile * Cfg::kTileCols;
+  const int64_t j_begin = int64_t(rank) * p.rows_per_split;
+  const int64_t j_end = std::min(p.k, j_begin + p.rows_per_split);
+  const int64_t steps = j_end > j_begin ? (j_end - j_begin + 15) / 16 : 0;
+  const int64_t full_steps = j_end > j_begin ? (j_end - j_begin) / 16 : 0;
+  const bool cols_inside = tile_col0 + Cfg::kTileCols <= p.m;
+  const T* a_lane = static_cast<const T*>(p.a) + tile_col0 + g * 8;
+  // Rows of a step this lane reads: 2tig, 2tig+1 (fragment k 2tig..) and
+  // 2tig+8, 2tig+9 (k 2tig+8..).
+  const int row_off[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
+
+  float d[kChunks][4][4] = {};
+  auto mma_step = [&](const uint32_t(&w)[kChunks][4][4], uint32_t b0, uint32_t b1) {
+#pragma unroll
+    for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const uint32_t a[4] = {__byte_perm(w[h][0][jj], w[h][1][jj], 0x5410),
+                               __byte_perm(w[h][0][jj], w[h][1][jj], 0x7632),
+                               __byte_perm(w[h][2][jj], w[h][3][jj], 0x5410),
+                               __byte_perm(w[h][2][jj], w[h][3][jj], 0x7632)};
+        Mma16816<T>(d[h][jj], a, b0, b1);
+      }
+  };
+
+  int64_t s = warp;
+  if (cols_inside) {
+    // kSteps whole steps at once while they last.
+    for (; s + int64_t(kWarpsPerBlock) * (kSteps - 1) < full_steps;
+         s += int64_t(kWarpsPerBlock) * kSteps) {
+      uint32_t w[kSteps][kChunks][4][4];
+      uint32_t b[kSteps][2];
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) {
+        const int64_t j0 = j_begin + (s + int64_t(kWarpsPerBlock) * u) * 16;
+#pragma unroll
+        for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            LoadRowChunk(a_lane + (j0 + row_off[r]) * p.lda + h * 64, w[u][h][r]);
+        b[u][0] = XPairBits(p, j0 + 2 * tig, g, j_end);
+        b[u][1] = XPairBits(p, j0 + 2 * tig + 8, g, j_end);
+      }
+#pragma unroll
+      for (int u = 0; u < kSteps; ++u) mma_step(w[u], b[u][0], b[u][1]);
+    }
+    for (; s < full_steps; s += kWarpsPerBlock) {  // whole steps left over
+      const int64_t j0 = j_begin + s * 16;
+      uint32_t w[kChunks][4][4];
+#pragma unroll
+      for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          LoadRowChunk(a_lane + (j0 + row_off[r]) * p.lda + h * 64, w[h][r]);
+      mma_step(w, XPairBits(p, j0 + 2 * tig, g, j_end), XPairBits(p, j0 + 2 * tig + 8, g, j_end));
+    }
+  }
+  // Steps that cross p.m or j_end: element by element.
+  for (; s < steps; s += kWarpsPerBlock) {
+    const int64_t j0 = j_begin + s * 16;
+    uint32_t w[kChunks][4][4];
+#pragma unroll
+    for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        LoadRowChunkGuarded(p, j0 + row_off[r], j_end, tile_col0 + h * 64 + g * 8, w[h][r]);
+    mma_step(w, XPairBits(p, j0 + 2 * tig, g, j_end), XPairBits(p, j0 + 2 * tig + 8, g, j_end));
+  }
+
+  // The 8 warps meet: lane (g, tig) holds, for chunk h and MMA jj, column
+  // h*64 + g*8 + 2jj (d[..][0..1]) and the next one (d[..][2..3]), x columns
+  // 2tig and 2tig + 1.
+#pragma unroll
+  for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][(h * 4 + jj) * 4 + i][lane] = d[h][jj][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kRegs * kWarpSize; e += kThreads) {
+    const int ri = e / kWarpSize, l = e % kWarpSize;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerBlock; ++w) v += red[w][ri][l];  // fixed order
+    const int h = ri / 16, jj = (ri / 4) % 4, i = ri % 4;
+    const int col = h * 64 + (l >> 2) * 8 + 2 * jj + (i >> 1);
+    const int c = 2 * (l & 3) + (i & 1);
+    sums[col * 8 + c] = v;
+  }
+  ClusterCombine(p, sums, tile_col0, Cfg::kTileCols);
+}
+
+// trans_mma on rows that allow 16-byte copies (A 16-byte aligned, lda a
+// multiple of 8): the same MMAs, with A's rows streamed into shared memory by
+// cp.async (16 bytes a lane, every lane of the warp, 2 or 4 rows per
+// instruction) through a ring of kStages 16-row steps per warp, one commit
+// group per step, so that a warp keeps kStages steps (16 or 18 KiB) in flight
+// whatever its registers hold; the fragments come out of shared memory with
+// ldmatrix.trans (rows padded by 16 bytes: the 8 rows of a matrix fall in 8
+// different bank groups). Each warp streams its own steps (w, w + 8, ...), so
+// no warp waits for another until the sums meet. Here MMA jj of chunk h holds
+// columns h*64 + jj*16 + g (fragment row g) and + 8 (row g + 8). Steps that
+// cross j_end take element loads in the same mapping. One CTA per SM (the
+// ring is ~140 KiB). (1-D bulk copies, one per 256-byte row, were tried in
+// its place: 16384^2 bf16 n=1 took 190-290 us, against 124 for the register
+// kernel above: the copy engine's cost per small copy was the limit.)
+template <int kChunks>
+struct TransBulkConfig {
+  static constexpr int kTileCols = 64 * kChunks;
+  static constexpr int kRowBytes = kTileCols * 2;
+  static constexpr int kPitch = kRowBytes + 16;  // bytes between rows in shared memory
+  static constexpr int kXBytes = 16 * 8 * 2;     // the step's 16 rows of x, up to 8 columns
+  static constexpr int kStepBytes = 16 * kPitch + kXBytes;
+  static constexpr int kStages = kChunks == 2 ? 4 : 8;
+  static constexpr int kVectorsPerRow = kRowBytes / 16;
+  static constexpr int kRowsPerCopy = kWarpSize / kVectorsPerRow;  // rows one warp-wide copy covers
+  static constexpr int kRingBytes = kWarpsPerBlock * kStages * kStepBytes;
+  static constexpr int kRedBytes = kWarpsPerBlock * kChunks * 16 * kWarpSize * 4;
+  static constexpr int kSmemBytes = kRingBytes > kRedBytes ? kRingBytes : kRedBytes;
+};
+
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kThreads, 1) GemvTransBulkKernel(GemvParams p) {
+  using Cfg = TransBulkConfig<kChunks>;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kRegs = kChunks * 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float sums[Cfg::kTileCols * 8];
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane >> 2, tig = lane & 3;
+  const int64_t tile = blockIdx.x / unsigned(p.splits);
+  const int rank = int(blockIdx.x % unsigned(p.splits));
+  const int64_t tile_col0 = tile * Cfg::kTileCols;
+  const int64_t j_begin = int64_t(rank) * p.rows_per_split;
+  const int64_t j_end = std::min(p.k, j_begin + p.rows_per_split);
+  const int64_t steps = (j_end - j_begin + 15) / 16;
+  const int64_t full_steps = (j_end - j_begin) / 16;
+  // This warp's whole steps: w, w + 8, ... below full_steps.
+  const int64_t my_full =
+      full_steps > warp ? (full_steps - warp + kWarpsPerBlock - 1) / kWarpsPerBlock : 0;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                        uint32_t(warp * kStages * Cfg::kStepBytes);
+
+  // This lane's copies: vector `vec` of rows copy_row, copy_row +
+  // kRowsPerCopy, ...; past p.m (the last tile) the vector is zero-filled.
+  const int vec = lane % Cfg::kVectorsPerRow, copy_row = lane / Cfg::kVectorsPerRow;
+  const int64_t left = (p.m - tile_col0) * int64_t(sizeof(T)) - vec * 16;
+  const uint32_t src_bytes = left >= 16 ? 16u : (left > 0 ? uint32_t(left) : 0u);
+  const int64_t row_bytes = p.lda * int64_t(sizeof(T));
+  const unsigned char* a_lane = static_cast<const unsigned char*>(p.a) +
+                                tile_col0 * int64_t(sizeof(T)) + (src_bytes > 0 ? vec * 16 : 0);
+  const uint32_t dst_lane = ring + copy_row * Cfg::kPitch + vec * 16;
+  const unsigned char* x_bytes = static_cast<const unsigned char*>(p.x);
+  const int x_step_bytes = 16 * p.ncols * int(sizeof(T));  // 32..256, contiguous
+  // Step i of this warp into stage i % kStages: its 16 rows of A, then its 16
+  // rows of x (lanes 0..2*ncols-1); one commit group (empty past the warp's
+  // last step, so that the group count stays one per step).
+  auto issue = [&](int64_t i) {
+    if (i < my_full) {
+      const int st = int(i % kStages);
+      const int64_t j0 = j_begin + (warp + i * kWarpsPerBlock) * 16;
+#pragma unroll
+      for (int r = 0; r < 16; r += Cfg::kRowsPerCopy)
+        CpAsync16(dst_lane + st * Cfg::kStepBytes + r * Cfg::kPitch,
+                  a_lane + (j0 + copy_row + r) * row_bytes, src_bytes);
+      if (lane * 16 < x_step_bytes)
+        CpAsync16(ring + st * Cfg::kStepBytes + 16 * Cfg::kPitch + lane * 16,
+                  x_bytes + j0 * p.ncols * int64_t(sizeof(T)) + lane * 16, 16);
+    }
+    CpAsyncCommit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) issue(i);
+
+  float d[kChunks][4][4] = {};
+  // ldmatrix row addresses: lanes 8q..8q+7 give rows k = (q >= 2 ? 8 : 0) +
+  // lane % 8 of columns (q & 1) * 8 + (the MMA's 16).
+  const int q = lane >> 3;
+  const uint32_t lm_off = uint32_t(((q >> 1) * 8 + (lane & 7)) * Cfg::kPitch + (q & 1) * 16);
+  // x's fragment from the stage: x[k][g] and x[k + 1][g] (0 past ncols).
+  const bool x_col = g < p.ncols;
+  const uint32_t x_lane = uint32_t((2 * tig * p.ncols + g) * int(sizeof(T)));
+  const uint32_t x_row = uint32_t(p.ncols * int(sizeof(T)));
+  auto x_pair = [&](uint32_t at) -> uint32_t {
+    if (!x_col) return 0u;
+    uint16_t lo, hi;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(lo) : "r"(at));
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(hi) : "r"(at + x_row));
+    return uint32_t(lo) | (uint32_t(hi) << 16);
+  };
+  for (int64_t i = 0; i < my_full; ++i) {
+    const int st = int(i % kStages);
+    CpAsyncWait<kStages - 1>();  // this lane's copies of step i have landed
+    __syncwarp();                // and every other lane's
+    const uint32_t xs = ring + st * Cfg::kStepBytes + 16 * Cfg::kPitch + x_lane;
+    const uint32_t b0 = x_pair(xs), b1 = x_pair(xs + 8 * x_row);
+    const uint32_t base = ring + st * Cfg::kStepBytes + lm_off;
+#pragma unroll
+    for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        uint32_t a[4];
+        sm90::LdMatrixX4Trans(a, base + (h * 64 + jj * 16) * 2);
+        Mma16816<T>(d[h][jj], a, b0, b1);
+      }
+    __syncwarp();  // every lane has read the stage before it is refilled
+    issue(i + kStages);
+  }
+  // A last step that crosses j_end: element loads, the same mapping.
+  for (int64_t s =
+           full_steps + ((warp - full_steps) % kWarpsPerBlock + kWarpsPerBlock) % kWarpsPerBlock;
+       s < steps; s += kWarpsPerBlock) {
+    const int64_t j0 = j_begin + s * 16;
+    const unsigned short* a = static_cast<const unsigned short*>(p.a);
+    auto elem = [&](int64_t j, int64_t col) -> uint32_t {
+      return j < j_end && col < p.m ? __ldg(a + j * p.lda + col) : 0u;
+    };
+    const int64_t r0 = j0 + 2 * tig, r8 = r0 + 8;
+#pragma unroll
+    for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int64_t lo = tile_col0 + h * 64 + jj * 16 + g, hi = lo + 8;
+        const uint32_t a[4] = {
+            elem(r0, lo) | elem(r0 + 1, lo) << 16, elem(r0, hi) | elem(r0 + 1, hi) << 16,
+            elem(r8, lo) | elem(r8 + 1, lo) << 16, elem(r8, hi) | elem(r8 + 1, hi) << 16};
+        Mma16816<T>(d[h][jj], a, XPairBits(p, r0, g, j_end), XPairBits(p, r8, g, j_end));
+      }
+  }
+
+  // The warps meet in shared memory (the ring is free once every warp is
+  // past its last step and no copy is in flight).
+  CpAsyncWait<0>();
+  __syncthreads();
+  float(*red)[kRegs][kWarpSize] = reinterpret_cast<float(*)[kRegs][kWarpSize]>(smem);
+#pragma unroll
+  for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][(h * 4 + jj) * 4 + i][lane] = d[h][jj][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kRegs * kWarpSize; e += kThreads) {
+    const int ri = e / kWarpSize, l = e % kWarpSize;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerBlock; ++w) v += red[w][ri][l];  // fixed order
+    const int h = ri / 16, jj = (ri / 4) % 4, i = ri % 4;
+    const int col = h * 64 + jj * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+    const int c = 2 * (l & 3) + (i & 1);
+    sums[col * 8 + c] = v;
+  }
+  ClusterCombine(p, sums, tile_col0, Cfg::kTileCols);
 }
 
 // ---------------------------------------------------------------------------
 // Host side.
 
 enum class Kind {
-  kWarpRow, kVec16, kSmemX, kBatched, kScalar, kMma, kTransNaive, kTransSplit, kTransWide,
+  kWarpRow,
+  kVec16,
+  kSmemX,
+  kBatched,
+  kScalar,
+  kMma,
+  kTransNaive,
+  kTransSplit,
+  kTransWide,
+  kTransMma,
   kCublas
 };
 
 struct VariantInfo {
   const char* name;
   Kind kind;
-  int param;  // smem_x: TILE_V; batched, scalar, mma: warps per row group (kSplit)
+  int param;  // smem_x: TILE_V; batched, scalar, mma: warps per row group (kSplit);
+              // trans_mma: tile columns (0: the plan's choice)
 };
 
 constexpr VariantInfo kVariantTable[] = {
-    {"warp_row", Kind::kWarpRow, 0},      {"vec16", Kind::kVec16, 0},
-    {"smem_x", Kind::kSmemX, 2048},       {"smem_x_t512", Kind::kSmemX, 512},
-    {"smem_x_t1024", Kind::kSmemX, 1024}, {"smem_x_t4096", Kind::kSmemX, 4096},
-    {"batched", Kind::kBatched, 1},       {"batched_w2", Kind::kBatched, 2},
-    {"batched_w4", Kind::kBatched, 4},    {"batched_w8", Kind::kBatched, 8},
-    {"scalar", Kind::kScalar, 1},         {"scalar_w2", Kind::kScalar, 2},
-    {"scalar_w4", Kind::kScalar, 4},      {"scalar_w8", Kind::kScalar, 8},
-    {"mma", Kind::kMma, 1},               {"mma_w2", Kind::kMma, 2},
-    {"mma_w4", Kind::kMma, 4},            {"mma_w8", Kind::kMma, 8},
-    {"trans_naive", Kind::kTransNaive, 0}, {"trans_split", Kind::kTransSplit, 0},
-    {"trans_wide", Kind::kTransWide, 0},  {"cublas", Kind::kCublas, 0},
+    {"warp_row", Kind::kWarpRow, 0},
+    {"vec16", Kind::kVec16, 0},
+    {"smem_x", Kind::kSmemX, 2048},
+    {"smem_x_t512", Kind::kSmemX, 512},
+    {"smem_x_t1024", Kind::kSmemX, 1024},
+    {"smem_x_t4096", Kind::kSmemX, 4096},
+    {"batched", Kind::kBatched, 1},
+    {"batched_w2", Kind::kBatched, 2},
+    {"batched_w4", Kind::kBatched, 4},
+    {"batched_w8", Kind::kBatched, 8},
+    {"scalar", Kind::kScalar, 1},
+    {"scalar_w2", Kind::kScalar, 2},
+    {"scalar_w4", Kind::kScalar, 4},
+    {"scalar_w8", Kind::kScalar, 8},
+    {"mma", Kind::kMma, 1},
+    {"mma_w2", Kind::kMma, 2},
+    {"mma_w4", Kind::kMma, 4},
+    {"mma_w8", Kind::kMma, 8},
+    {"trans_naive", Kind::kTransNaive, 0},
+    {"trans_split", Kind::kTransSplit, 0},
+    {"trans_wide", Kind::kTransWide, 0},
+    {"trans_mma", Kind::kTransMma, 0},
+    {"trans_mma_64", Kind::kTransMma, 64},
+    {"trans_mma_128", Kind::kTransMma, 128},
+    {"cublas", Kind::kCublas, 0},
 };
 
 bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -882,20 +1351,43 @@ size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // ---- trans_split planning: which instantiation, how many splits. ----
 
-using TransLauncher = void (*)(const GemvParams&, dim3, cudaStream_t);
+using TransLauncher = cudaError_t (*)(const GemvParams&, dim3, cudaStream_t);
 
 struct TransPlan {
   TransLauncher launch = nullptr;
   int64_t tiles = 0;
   int splits = 1;
   int64_t rows_per_split = 0;
+  bool cluster = false;        // the splits meet in a cluster (no workspace)
   size_t counter_bytes = 0;    // at the start of the workspace
-  size_t workspace_bytes = 0;  // 0 when splits == 1
+  size_t workspace_bytes = 0;  // 0 when splits == 1 or cluster
 };
 
+// Launches `kernel` on `grid` with clusters of `cluster_x` x `cluster_y`
+// CTAs (none when both are 1).
+template <typename Kernel>
+cudaError_t LaunchClustered(Kernel kernel, const GemvParams& p, dim3 grid, unsigned cluster_x,
+                            unsigned cluster_y, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = cluster_y;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = cluster_x * cluster_y > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
 template <typename T, int kNcols, int kVw, int kQ>
-void LaunchTransSplit(const GemvParams& p, dim3 grid, cudaStream_t stream) {
+cudaError_t LaunchTransSplit(const GemvParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.cluster)
+    return LaunchClustered(GemvTransSplitKernel<T, kNcols, kVw, kQ>, p, grid, 1, grid.y, stream);
   GemvTransSplitKernel<T, kNcols, kVw, kQ><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 constexpr int64_t kMinRowsPerSplit = 128;
@@ -907,10 +1399,15 @@ TransPlan MakeTransPlan(const GemvArgs& args) {
   plan.tiles = CeilDiv(args.m, TransSplitConfig<T, kNcols, kVw, kQ>::kTileM);
   const int64_t resident = ResidentBlocks<GemvTransSplitKernel<T, kNcols, kVw, kQ>>();
   int64_t splits = std::max<int64_t>(1, resident / plan.tiles);
+  // Splits that clusters can hold (up to 8) when that gives every SM a CTA:
+  // no workspace, no clearing pass, no last-block combine.
+  plan.cluster = kQ == 1 && plan.tiles * kGemvMaxClusterSplits >= SmCount();
+  if (plan.cluster) splits = std::min<int64_t>(splits, kGemvMaxClusterSplits);
   splits = std::min({splits, std::max<int64_t>(1, args.k / kMinRowsPerSplit), int64_t(65535)});
   plan.rows_per_split = CeilDiv(CeilDiv(args.k, splits), kWarpsPerBlock) * kWarpsPerBlock;
   plan.splits = int(CeilDiv(args.k, plan.rows_per_split));
-  if (plan.splits > 1) {
+  if (plan.splits == 1) plan.cluster = false;
+  if (plan.splits > 1 && !plan.cluster) {
     plan.counter_bytes = AlignUp(size_t(plan.tiles) * sizeof(unsigned), 256);
     plan.workspace_bytes =
         plan.counter_bytes + size_t(plan.splits) * size_t(args.m) * size_t(args.ncols) * sizeof(float);
@@ -1024,6 +1521,73 @@ cudaError_t LaunchMma(const GemvParams& p, int split, cudaStream_t stream) {
   }
 }
 
+// ---- trans_mma. ----
+
+template <typename T, int kChunks>
+cudaError_t LaunchTransMmaWith(GemvParams p, const GemvTransPlan& plan, cudaStream_t stream) {
+  p.splits = plan.splits;
+  p.rows_per_split = plan.rows_per_split;
+  const dim3 grid(unsigned(plan.tiles * plan.splits));
+  return LaunchClustered(GemvTransMmaKernel<T, kChunks>, p, grid, unsigned(plan.splits), 1, stream);
+}
+
+// The plan for `args` (heuristics/gemv_heuristics.h), given the CTAs the
+// kernel keeps resident on the device.
+// The bulk-copy kernel (its ring in dynamic shared memory, one CTA per SM).
+template <typename T, int kChunks>
+cudaError_t LaunchTransBulkWith(GemvParams p, const GemvTransPlan& plan, cudaStream_t stream) {
+  auto kernel = GemvTransBulkKernel<T, kChunks>;
+  constexpr int kBytes = TransBulkConfig<kChunks>::kSmemBytes;
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+      e != cudaSuccess)
+    return e;
+  p.splits = plan.splits;
+  p.rows_per_split = plan.rows_per_split;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(plan.tiles * plan.splits));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(plan.splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = plan.splits > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+// Whether A's rows and x allow the 16-byte copies of the cp.async kernel.
+bool TransBulkRows(const GemvArgs& args) {
+  return Aligned(args.a, 16) && args.lda % 8 == 0 && Aligned(args.x, 16);
+}
+
+// CTAs resident on the device at once: the bulk kernel one per SM, the
+// register kernel as its 128 registers allow.
+template <typename T>
+int64_t TransMmaResident(bool bulk) {
+  return bulk ? int64_t(SmCount()) : ResidentBlocks<GemvTransMmaKernel<T, 2>>();
+}
+
+template <typename T>
+cudaError_t LaunchTransMma(const GemvArgs& args, const GemvParams& p, int only_cols,
+                           cudaStream_t stream) {
+  if constexpr (sizeof(T) != 2) {
+    return cudaErrorInvalidValue;
+  } else {
+    const bool bulk = TransBulkRows(args);
+    const GemvTransPlan plan =
+        ChooseGemvTransPlan(args.m, args.k, TransMmaResident<T>(bulk), only_cols);
+    if (bulk)
+      return plan.tile_cols == 128 ? LaunchTransBulkWith<T, 2>(p, plan, stream)
+                                   : LaunchTransBulkWith<T, 1>(p, plan, stream);
+    return plan.tile_cols == 128 ? LaunchTransMmaWith<T, 2>(p, plan, stream)
+                                 : LaunchTransMmaWith<T, 1>(p, plan, stream);
+  }
+}
+
 // ---- the vendor fallback. ----
 // cublasGemmEx (fp32 compute, no TF32, no reduced-precision split-K
 // reduction, default atomics mode: deterministic) on the caller's stream,
@@ -1121,6 +1685,8 @@ cudaError_t LaunchTyped(const GemvArgs& args, const VariantInfo& info, void* wor
       return LaunchMma<T>(p, info.param, stream);
     case Kind::kCublas:
       return LaunchCublas(args, stream);
+    case Kind::kTransMma:
+      return LaunchTransMma<T>(args, p, info.param, stream);
     case Kind::kTransNaive:
       GemvTransNaiveKernel<T><<<unsigned(CeilDiv(args.m, kThreads)), kThreads, 0, stream>>>(p);
       break;
@@ -1129,15 +1695,15 @@ cudaError_t LaunchTyped(const GemvArgs& args, const VariantInfo& info, void* wor
       const TransPlan plan = info.kind == Kind::kTransWide ? PlanTrans<T, true>(args) : PlanTrans<T, false>(args);
       p.rows_per_split = plan.rows_per_split;
       p.splits = plan.splits;
-      if (plan.splits > 1) {
+      p.cluster = plan.cluster;
+      if (plan.splits > 1 && !plan.cluster) {
         if (workspace == nullptr) return cudaErrorInvalidValue;
         p.counters = static_cast<unsigned*>(workspace);
         p.partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + plan.counter_bytes);
         const cudaError_t err = cudaMemsetAsync(p.counters, 0, plan.tiles * sizeof(unsigned), stream);
         if (err != cudaSuccess) return err;
       }
-      plan.launch(p, dim3(unsigned(plan.tiles), unsigned(plan.splits)), stream);
-      break;
+      return plan.launch(p, dim3(unsigned(plan.tiles), unsigned(plan.splits)), stream);
     }
   }
   return cudaGetLastError();
@@ -1174,8 +1740,8 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant) {
       return Support::No("cublas takes 32-bit sizes only");
     return Support::Yes();
   }
-  const bool trans_kind =
-      info->kind == Kind::kTransNaive || info->kind == Kind::kTransSplit || info->kind == Kind::kTransWide;
+  const bool trans_kind = info->kind == Kind::kTransNaive || info->kind == Kind::kTransSplit ||
+                          info->kind == Kind::kTransWide || info->kind == Kind::kTransMma;
   if (trans_kind != args.trans_a)
     return Support::No(std::string(info->name) + (trans_kind ? " computes A^T x only (trans_a = true)"
                                                              : " computes A x only (trans_a = false)"));
@@ -1188,6 +1754,14 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant) {
       if (!VectorFriendly(args))
         return Support::No(std::string(info->name) +
                            " needs A and x 16-byte aligned and lda a multiple of 16 bytes");
+      break;
+    case Kind::kTransMma:
+      if (args.dtype == DType::kF32)
+        return Support::No(std::string(info->name) + " runs fp16 and bf16 only");
+      if (!Aligned(args.a, 2) || !Aligned(args.x, 2))
+        return Support::No(std::string(info->name) + " needs A and x aligned to their elements");
+      if (CeilDiv(args.m, 64) * kGemvMaxClusterSplits > 0x7fffffff)
+        return Support::No("m too large for one grid");
       break;
     case Kind::kMma:
       if (args.dtype == DType::kF32)

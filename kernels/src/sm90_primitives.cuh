@@ -1,7 +1,8 @@
 // Hopper inline-PTX primitives shared by the wgmma GEMM (gemm_tc_sm90.cuh,
-// gemm_tc_wgmma.cuh) and the wgmma FlashAttention kernel (attention_wgmma.cuh):
-// mbarrier init / arrive / wait, 3-D TMA tile loads, the proxy and mbarrier-init
-// fences, wgmma fence / commit / wait, the accumulator register fence,
+// gemm_tc_wgmma.cuh), the wgmma FlashAttention kernel (attention_wgmma.cuh)
+// and GEMV's trans_mma (gemv.cu): mbarrier init / arrive / wait, 3-D TMA tile
+// loads, the transposing ldmatrix, the proxy and mbarrier-init fences, wgmma
+// fence / commit / wait, the accumulator register fence,
 // setmaxnreg and the 128B-swizzle shared-memory matrix descriptor.
 //
 // The mbarrier and TMA parts need sm_90; the wgmma and setmaxnreg parts need
@@ -99,6 +100,16 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
       " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
+}
+
+// Loads four 8x8 matrices of 16-bit elements from shared memory, transposed:
+// lanes 8i..8i+7 give the addresses of matrix i's 8 rows (16 bytes each), and
+// r[i] of lane l holds matrix i's elements (2(l%4), l/4) and (2(l%4)+1, l/4).
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
 }
 
 // --- wgmma (sm_90a) -------------------------------------------------------------

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gpucompute/kernels/gemv.h"
+#include "kernels/src/heuristics/gemv_heuristics.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace gpucompute::testing {
@@ -42,12 +44,18 @@ std::vector<Case> Cases() {
       {4097, 4099, 4, false},                    // lda 4099: odd rows
       {1, 1000003, 1, false},
       {1000003, 1, 2, false},
-      {512, 512, 1, false, 0.f, 1},              // misaligned A and x
+      {512, 512, 1, false, 0.f, 1},  // misaligned A and x
       {200, 300, 4, false, 0.5f, 1, true},
-      {256, 3000, 4, false, 0.5f},               // A^T: 16-byte rows, vector x
+      {256, 3000, 4, false, 0.5f},  // A^T: 16-byte rows, vector x
       {512, 700, 8, false},
-      {1024, 600, 1, false, 0.f, 0, false, 3},   // lda 603 / 1027: scalar rows
-      {1100, 2000, 2, false},                    // A^T: a partial last tile
+      {1024, 600, 1, false, 0.f, 0, false, 3},  // lda 603 / 1027: scalar rows
+      {1100, 2000, 2, false},                   // A^T: a partial last tile
+      {8192, 1024, 4, false},                   // A^T: 128-column tiles, k split 4 ways
+      {1024, 4096, 8, false, 0.5f, 0, true},    // A^T: 64-column tiles, k split 8 ways
+      {3001, 2000, 6, false, -0.75f},           // A^T: odd lda, rows 2 bytes off 4-byte words
+      {1000, 3000, 3, false},                   // A^T: bulk copies, a partial last tile
+      {1001, 2500, 5, false, 0.5f, 0, false,
+       7},  // A^T: lda 1008, 41 columns in the last tile, a k tail
   };
   std::vector<Case> all;
   for (Case c : base) {
@@ -209,6 +217,26 @@ TEST(GemvVariants, DefaultIsNamed) {
   EXPECT_EQ(kernels::GemvVariantName(a, "cublas"), "");  // refused: fp32 in, bf16 out
   a.y_type = DType::kF32;
   EXPECT_EQ(kernels::GemvVariantName(a, "batched"), "");  // refused: A x only
+  a.ncols = 4;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "trans_split");  // fp32 A^T x, several columns: ours
+  a.dtype = a.y_type = DType::kBF16;
+  a.k = 8192;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "trans_mma");  // 16-bit A^T x: the tensor cores
+  a.y_type = DType::kF16;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "trans_mma");  // and where cuBLAS cannot write y
+  a.y_type = DType::kBF16;
+  a.ncols = 1;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");  // one column: the vendor's gemv
+  a.ncols = 8;
+  a.k = 1024;  // short columns over many tiles: the vendor
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");
+  a.m = 3001;
+  a.lda = 3001;  // odd lda, a few tiles: ours (register loads)
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "trans_mma");
+  a.m = a.lda = 1 << 20;
+  a.dtype = a.y_type = DType::kF32;
+  a.ncols = 1;
+  a.k = 64;
   a.trans_a = false;
   a.lda = 64;
   a.a = reinterpret_cast<void*>(0x10004);  // not 16-byte aligned
@@ -272,6 +300,11 @@ TEST(GemvCanImplement, RefusesWhatItCannotRun) {
   EXPECT_FALSE(refused(b, "trans_split"));
   EXPECT_FALSE(refused(b, "trans_wide"));
   EXPECT_FALSE(refused(b, "trans_naive"));
+  EXPECT_TRUE(refused(b, "trans_mma"));  // fp16/bf16 only
+  b.dtype = b.y_type = DType::kBF16;
+  EXPECT_FALSE(refused(b, "trans_mma"));
+  b = ok;
+  EXPECT_TRUE(refused(b, "trans_mma"));  // A x asked of a transposed-only version
   b = ok;
   EXPECT_TRUE(refused(b, "trans_split"));  // A x asked of a transposed-only version
   b.m = 0;
@@ -301,6 +334,47 @@ TEST(GemvWorkspace, SplitNeedsWorkspace) {
   ASSERT_GT(kernels::GemvWorkspaceBytes(args, "trans_split"), 0u);
   EXPECT_EQ(kernels::LaunchGemv(args, "trans_split", nullptr, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(kernels::GemvWorkspaceBytes(args, "trans_naive"), 0u);
+}
+
+// trans_mma's launch plan (heuristics/gemv_heuristics.h), host only: every
+// row of A in exactly one split, splits a cluster can hold, one wave.
+TEST(GemvTransPlan, CoversKInClusterSplits) {
+  for (const auto& [m, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1},
+                                                                     {1, 1000003},
+                                                                     {1000003, 1},
+                                                                     {16384, 16384},
+                                                                     {4096, 4096},
+                                                                     {1000, 100000},
+                                                                     {50000, 1024},
+                                                                     {3001, 2000},
+                                                                     {100, 300},
+                                                                     {8192, 1024}}) {
+    for (int64_t resident : {264, 132, 1}) {
+      const kernels::GemvTransPlan p = kernels::ChooseGemvTransPlan(m, k, resident);
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + " resident " +
+                   std::to_string(resident));
+      EXPECT_TRUE(p.tile_cols == 128 || p.tile_cols == 64);
+      EXPECT_EQ(p.tiles, (m + p.tile_cols - 1) / p.tile_cols);
+      EXPECT_GE(p.splits, 1);
+      EXPECT_LE(p.splits, kernels::kGemvMaxClusterSplits);
+      EXPECT_EQ(p.rows_per_split % 16, 0);
+      EXPECT_GE(p.splits * p.rows_per_split, k);        // every row in a split
+      EXPECT_LT((p.splits - 1) * p.rows_per_split, k);  // no empty split
+      if (p.splits > 1) EXPECT_LE(p.tiles * p.splits, std::max<int64_t>(resident, p.tiles));
+    }
+  }
+  // One CTA per SM on 132 SMs: the wide tile, split to fill the machine;
+  // the narrow one where it fills as many CTAs with fewer splits.
+  kernels::GemvTransPlan p = kernels::ChooseGemvTransPlan(16384, 16384, 132);
+  EXPECT_EQ(p.tile_cols, 128);
+  EXPECT_EQ(p.splits, 1);
+  p = kernels::ChooseGemvTransPlan(1000, 100000, 132);
+  EXPECT_EQ(p.tile_cols, 128);
+  EXPECT_EQ(p.splits, 8);
+  p = kernels::ChooseGemvTransPlan(4096, 4096, 132);
+  EXPECT_EQ(p.tile_cols, 64);
+  EXPECT_EQ(p.splits, 2);
+  EXPECT_EQ(kernels::ChooseGemvTransPlan(4096, 4096, 132, 128).splits, 4);  // a named width is kept
 }
 
 }  // namespace

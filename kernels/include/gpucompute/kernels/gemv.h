@@ -14,6 +14,11 @@
 //   "trans_split"  A^T x, 16-byte row segments, K split across blocks, partial
 //                  sums combined in a fixed order by the last block of a tile;
 //   "trans_wide"   trans_split with wider row segments per warp;
+//   "trans_mma"    A^T x, fp16/bf16, on the tensor cores (mma.sync m16n8k16
+//                  with the tile's columns as the MMA's rows), K split over
+//                  the CTAs of a thread-block cluster that add their sums in
+//                  distributed shared memory: one launch, no scratch;
+//   "trans_mma_64", "trans_mma_128": the same with the tile width fixed;
 //   "scalar", "scalar_w2", "scalar_w4", "scalar_w8": batched with element
 //                  loads (any alignment and lda), every column at once;
 //   "mma", "mma_w2", "mma_w4", "mma_w8": fp16/bf16 on the tensor cores
@@ -26,8 +31,9 @@
 // An empty variant picks the version src/heuristics/gemv_heuristics.h names
 // for the arguments (derived from the server-path sweep): vec16, batched or
 // scalar (split as the machine needs) for A x, mma for fp16/bf16 with many
-// columns, and "cublas" where the vendor is faster (A^T x, fp16/bf16 with
-// 5..8 columns, fp32 with one column and few rows).
+// columns, trans_mma (16-bit) and trans_split (fp32) for A^T x with several
+// columns, and "cublas" where the vendor is faster (A^T x with one column,
+// fp16/bf16 A x with 5..8 columns, fp32 with one column and few rows, ...).
 #ifndef GPUCOMPUTE_KERNELS_GEMV_H_
 #define GPUCOMPUTE_KERNELS_GEMV_H_
 
@@ -77,8 +83,9 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant);
 std::string GemvVariantName(const GemvArgs& args, std::string_view variant);
 
 // Scratch bytes the chosen version needs; 0 when it needs none. Only the
-// transposed split version needs scratch (fp32 partial sums and one counter per
-// column tile). The answer depends on the current device's SM count.
+// transposed split versions need scratch (fp32 partial sums and one counter
+// per column tile), and only when their K split is wider than a cluster holds.
+// The answer depends on the current device's SM count.
 size_t GemvWorkspaceBytes(const GemvArgs& args, std::string_view variant);
 
 // Launches on `stream`: no allocation, no synchronisation. `workspace` must
