@@ -908,6 +908,33 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
 // REQUIRES: fp16 or bf16; launched with p.splits CTAs per cluster along x
 // (blockIdx.x = tile * p.splits + rank), p.rows_per_split a multiple of 16.
 
+// The 8 warps of a trans_mma CTA meet: each leaves its accumulators in `red`
+// ([warp][register][lane]), and their sums in a fixed order go to
+// sums[col * 8 + c], where col = col_of(h, jj, g, upper) is the tile column
+// that MMA jj of chunk h gives lane group g in its fragment row g (upper 0)
+// or g + 8 (upper 1), and c = 2 * (lane % 4) + (register % 2) the column of x.
+// Every thread of the CTA calls it.
+template <int kChunks, typename ColOf>
+__device__ __forceinline__ void MeetWarps(float (*red)[kChunks * 16][kWarpSize], float* sums,
+                                          const float (&d)[kChunks][4][4], ColOf col_of) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int h = 0; h < kChunks; ++h)
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][(h * 4 + jj) * 4 + i][lane] = d[h][jj][i];
+  __syncthreads();
+  for (int e = threadIdx.x; e < kChunks * 16 * kWarpSize; e += kThreads) {
+    const int ri = e / kWarpSize, l = e % kWarpSize;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarpsPerBlock; ++w) v += red[w][ri][l];  // fixed order
+    const int h = ri / 16, jj = (ri / 4) % 4, i = ri % 4;
+    sums[col_of(h, jj, l >> 2, i >> 1) * 8 + 2 * (l & 3) + (i & 1)] = v;
+  }
+}
+
 template <int kChunks>
 struct TransMmaConfig {
   static constexpr int kTileCols = 64 * kChunks;
@@ -1040,26 +1067,11 @@ __global__ void __launch_bounds__(kThreads, 2) GemvTransMmaKernel(GemvParams p) 
     mma_step(w, XPairBits(p, j0 + 2 * tig, g, j_end), XPairBits(p, j0 + 2 * tig + 8, g, j_end));
   }
 
-  // The 8 warps meet: lane (g, tig) holds, for chunk h and MMA jj, column
-  // h*64 + g*8 + 2jj (d[..][0..1]) and the next one (d[..][2..3]), x columns
-  // 2tig and 2tig + 1.
-#pragma unroll
-  for (int h = 0; h < kChunks; ++h)
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][(h * 4 + jj) * 4 + i][lane] = d[h][jj][i];
-  __syncthreads();
-  for (int e = threadIdx.x; e < kRegs * kWarpSize; e += kThreads) {
-    const int ri = e / kWarpSize, l = e % kWarpSize;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w) v += red[w][ri][l];  // fixed order
-    const int h = ri / 16, jj = (ri / 4) % 4, i = ri % 4;
-    const int col = h * 64 + (l >> 2) * 8 + 2 * jj + (i >> 1);
-    const int c = 2 * (l & 3) + (i & 1);
-    sums[col * 8 + c] = v;
-  }
+  // The 8 warps meet: MMA jj of chunk h holds columns h*64 + g*8 + 2jj (row
+  // g) and the next one (row g + 8).
+  MeetWarps<kChunks>(red, sums, d, [](int h, int jj, int grp, int upper) {
+    return h * 64 + grp * 8 + 2 * jj + upper;
+  });
   ClusterCombine(p, sums, tile_col0, Cfg::kTileCols);
 }
 
@@ -1218,24 +1230,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemvTransBulkKernel(GemvParams p)
   // past its last step and no copy is in flight).
   CpAsyncWait<0>();
   __syncthreads();
-  float(*red)[kRegs][kWarpSize] = reinterpret_cast<float(*)[kRegs][kWarpSize]>(smem);
-#pragma unroll
-  for (int h = 0; h < kChunks; ++h)
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][(h * 4 + jj) * 4 + i][lane] = d[h][jj][i];
-  __syncthreads();
-  for (int e = threadIdx.x; e < kRegs * kWarpSize; e += kThreads) {
-    const int ri = e / kWarpSize, l = e % kWarpSize;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w) v += red[w][ri][l];  // fixed order
-    const int h = ri / 16, jj = (ri / 4) % 4, i = ri % 4;
-    const int col = h * 64 + jj * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
-    const int c = 2 * (l & 3) + (i & 1);
-    sums[col * 8 + c] = v;
-  }
+  MeetWarps<kChunks>(
+      reinterpret_cast<float(*)[kRegs][kWarpSize]>(smem), sums, d,
+      [](int h, int jj, int grp, int upper) { return h * 64 + jj * 16 + grp + 8 * upper; });
   ClusterCombine(p, sums, tile_col0, Cfg::kTileCols);
 }
 
