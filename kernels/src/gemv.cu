@@ -908,6 +908,23 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
 // REQUIRES: fp16 or bf16; launched with p.splits CTAs per cluster along x
 // (blockIdx.x = tile * p.splits + rank), p.rows_per_split a multiple of 16.
 
+// The part of a trans_mma launch that CTA blockIdx.x owns: column tile
+// blockIdx.x / p.splits (its first column), split blockIdx.x % p.splits (rows
+// j_begin..j_end of the stored A), and that range's 16-row steps, whole or
+// not.
+struct TransSlice {
+  int64_t tile_col0, j_begin, j_end, steps, full_steps;
+};
+__device__ __forceinline__ TransSlice SliceOf(const GemvParams& p, int tile_cols) {
+  TransSlice t;
+  t.tile_col0 = int64_t(blockIdx.x / unsigned(p.splits)) * tile_cols;
+  t.j_begin = int64_t(blockIdx.x % unsigned(p.splits)) * p.rows_per_split;
+  t.j_end = std::min(p.k, t.j_begin + p.rows_per_split);
+  t.steps = t.j_end > t.j_begin ? (t.j_end - t.j_begin + 15) / 16 : 0;
+  t.full_steps = t.j_end > t.j_begin ? (t.j_end - t.j_begin) / 16 : 0;
+  return t;
+}
+
 // The 8 warps of a trans_mma CTA meet: each leaves its accumulators in `red`
 // ([warp][register][lane]), and their sums in a fixed order go to
 // sums[col * 8 + c], where col = col_of(h, jj, g, upper) is the tile column
@@ -996,13 +1013,9 @@ __global__ void __launch_bounds__(kThreads, 2) GemvTransMmaKernel(GemvParams p) 
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2, tig = lane & 3;
-  const int64_t tile = blockIdx.x / unsigned(p.splits);
-  const int rank = int(blockIdx.x % unsigned(p.splits));
-  const int64_t tile_col0 = tile * Cfg::kTileCols;
-  const int64_t j_begin = int64_t(rank) * p.rows_per_split;
-  const int64_t j_end = std::min(p.k, j_begin + p.rows_per_split);
-  const int64_t steps = j_end > j_begin ? (j_end - j_begin + 15) / 16 : 0;
-  const int64_t full_steps = j_end > j_begin ? (j_end - j_begin) / 16 : 0;
+  const TransSlice slice = SliceOf(p, Cfg::kTileCols);
+  const int64_t tile_col0 = slice.tile_col0, j_begin = slice.j_begin, j_end = slice.j_end;
+  const int64_t steps = slice.steps, full_steps = slice.full_steps;
   const bool cols_inside = tile_col0 + Cfg::kTileCols <= p.m;
   const T* a_lane = static_cast<const T*>(p.a) + tile_col0 + g * 8;
   // Rows of a step this lane reads: 2tig, 2tig+1 (fragment k 2tig..) and
@@ -1126,13 +1139,9 @@ __global__ void __launch_bounds__(kThreads, 1) GemvTransBulkKernel(GemvParams p)
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2, tig = lane & 3;
-  const int64_t tile = blockIdx.x / unsigned(p.splits);
-  const int rank = int(blockIdx.x % unsigned(p.splits));
-  const int64_t tile_col0 = tile * Cfg::kTileCols;
-  const int64_t j_begin = int64_t(rank) * p.rows_per_split;
-  const int64_t j_end = std::min(p.k, j_begin + p.rows_per_split);
-  const int64_t steps = (j_end - j_begin + 15) / 16;
-  const int64_t full_steps = (j_end - j_begin) / 16;
+  const TransSlice slice = SliceOf(p, Cfg::kTileCols);
+  const int64_t tile_col0 = slice.tile_col0, j_begin = slice.j_begin, j_end = slice.j_end;
+  const int64_t steps = slice.steps, full_steps = slice.full_steps;
   // This warp's whole steps: w, w + 8, ... below full_steps.
   const int64_t my_full =
       full_steps > warp ? (full_steps - warp + kWarpsPerBlock - 1) / kWarpsPerBlock : 0;
@@ -1361,13 +1370,14 @@ struct TransPlan {
 };
 
 // Launches `kernel` on `grid` with clusters of `cluster_x` x `cluster_y`
-// CTAs (none when both are 1).
+// CTAs (none when both are 1) and `smem_bytes` of dynamic shared memory.
 template <typename Kernel>
 cudaError_t LaunchClustered(Kernel kernel, const GemvParams& p, dim3 grid, unsigned cluster_x,
-                            unsigned cluster_y, cudaStream_t stream) {
+                            unsigned cluster_y, cudaStream_t stream, size_t smem_bytes = 0) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1541,19 +1551,8 @@ cudaError_t LaunchTransBulkWith(GemvParams p, const GemvTransPlan& plan, cudaStr
     return e;
   p.splits = plan.splits;
   p.rows_per_split = plan.rows_per_split;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(plan.tiles * plan.splits));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(plan.splits);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = plan.splits > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p);
+  return LaunchClustered(kernel, p, dim3(unsigned(plan.tiles * plan.splits)), unsigned(plan.splits),
+                         1, stream, kBytes);
 }
 
 // Whether A's rows and x allow the 16-byte copies of the cp.async kernel.
