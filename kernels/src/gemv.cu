@@ -893,7 +893,7 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
 // warps owns kChunks * 64 columns; every warp covers all of them and the
 // warps take the 16-row steps of the block's k range in turn (warp w: steps
 // w, w + 8, ...). This kernel takes rows at any 2-byte alignment (odd lda;
-// 16-byte rows take the bulk-copy kernel below). Lane (g, tig) =
+// 16-byte rows take the cp.async kernel below). Lane (g, tig) =
 // (lane / 4, lane % 4) reads 16 bytes (8 columns g*8..g*8+7 of each 64-column
 // chunk, as aligned 4-byte words funnel-shifted where the row is 2 bytes
 // off) of the rows 2tig, 2tig+1,
@@ -1103,7 +1103,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvTransMmaKernel(GemvParams p) 
 // its place: 16384^2 bf16 n=1 took 190-290 us, against 124 for the register
 // kernel above: the copy engine's cost per small copy was the limit.)
 template <int kChunks>
-struct TransBulkConfig {
+struct TransRingConfig {
   static constexpr int kTileCols = 64 * kChunks;
   static constexpr int kRowBytes = kTileCols * 2;
   static constexpr int kPitch = kRowBytes + 16;  // bytes between rows in shared memory
@@ -1130,8 +1130,8 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 
 template <typename T, int kChunks>
-__global__ void __launch_bounds__(kThreads, 1) GemvTransBulkKernel(GemvParams p) {
-  using Cfg = TransBulkConfig<kChunks>;
+__global__ void __launch_bounds__(kThreads, 1) GemvTransRingKernel(GemvParams p) {
+  using Cfg = TransRingConfig<kChunks>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kRegs = kChunks * 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -1540,11 +1540,11 @@ cudaError_t LaunchTransMmaWith(GemvParams p, const GemvTransPlan& plan, cudaStre
 
 // The plan for `args` (heuristics/gemv_heuristics.h), given the CTAs the
 // kernel keeps resident on the device.
-// The bulk-copy kernel (its ring in dynamic shared memory, one CTA per SM).
+// The cp.async kernel (its ring in dynamic shared memory, one CTA per SM).
 template <typename T, int kChunks>
-cudaError_t LaunchTransBulkWith(GemvParams p, const GemvTransPlan& plan, cudaStream_t stream) {
-  auto kernel = GemvTransBulkKernel<T, kChunks>;
-  constexpr int kBytes = TransBulkConfig<kChunks>::kSmemBytes;
+cudaError_t LaunchTransRingWith(GemvParams p, const GemvTransPlan& plan, cudaStream_t stream) {
+  auto kernel = GemvTransRingKernel<T, kChunks>;
+  constexpr int kBytes = TransRingConfig<kChunks>::kSmemBytes;
   if (cudaError_t e =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
       e != cudaSuccess)
@@ -1556,15 +1556,15 @@ cudaError_t LaunchTransBulkWith(GemvParams p, const GemvTransPlan& plan, cudaStr
 }
 
 // Whether A's rows and x allow the 16-byte copies of the cp.async kernel.
-bool TransBulkRows(const GemvArgs& args) {
+bool TransRingRows(const GemvArgs& args) {
   return Aligned(args.a, 16) && args.lda % 8 == 0 && Aligned(args.x, 16);
 }
 
-// CTAs resident on the device at once: the bulk kernel one per SM, the
+// CTAs resident on the device at once: the cp.async kernel one per SM, the
 // register kernel as its 128 registers allow.
 template <typename T>
-int64_t TransMmaResident(bool bulk) {
-  return bulk ? int64_t(SmCount()) : ResidentBlocks<GemvTransMmaKernel<T, 2>>();
+int64_t TransMmaResident(bool ring) {
+  return ring ? int64_t(SmCount()) : ResidentBlocks<GemvTransMmaKernel<T, 2>>();
 }
 
 template <typename T>
@@ -1573,12 +1573,12 @@ cudaError_t LaunchTransMma(const GemvArgs& args, const GemvParams& p, int only_c
   if constexpr (sizeof(T) != 2) {
     return cudaErrorInvalidValue;
   } else {
-    const bool bulk = TransBulkRows(args);
+    const bool ring = TransRingRows(args);
     const GemvTransPlan plan =
-        ChooseGemvTransPlan(args.m, args.k, TransMmaResident<T>(bulk), only_cols);
-    if (bulk)
-      return plan.tile_cols == 128 ? LaunchTransBulkWith<T, 2>(p, plan, stream)
-                                   : LaunchTransBulkWith<T, 1>(p, plan, stream);
+        ChooseGemvTransPlan(args.m, args.k, TransMmaResident<T>(ring), only_cols);
+    if (ring)
+      return plan.tile_cols == 128 ? LaunchTransRingWith<T, 2>(p, plan, stream)
+                                   : LaunchTransRingWith<T, 1>(p, plan, stream);
     return plan.tile_cols == 128 ? LaunchTransMmaWith<T, 2>(p, plan, stream)
                                  : LaunchTransMmaWith<T, 1>(p, plan, stream);
   }

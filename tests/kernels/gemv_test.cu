@@ -53,7 +53,7 @@ std::vector<Case> Cases() {
       {8192, 1024, 4, false},                   // A^T: 128-column tiles, k split 4 ways
       {1024, 4096, 8, false, 0.5f, 0, true},    // A^T: 64-column tiles, k split 8 ways
       {3001, 2000, 6, false, -0.75f},           // A^T: odd lda, rows 2 bytes off 4-byte words
-      {1000, 3000, 3, false},                   // A^T: bulk copies, a partial last tile
+      {1000, 3000, 3, false},                   // A^T: cp.async rows, a partial last tile
       {1001, 2500, 5, false, 0.5f, 0, false,
        7},  // A^T: lda 1008, 41 columns in the last tile, a k tail
   };
