@@ -96,13 +96,42 @@
 //                8 rows in flight for 1..2 columns and a combine that adds
 //                every output of the tile at once otherwise: fp32 16384^2
 //                n=8 320.2 -> 254.4 (cuBLAS 438.3), 4096^2 n=1 28.0 -> 19.4.
+//   mma_ring     fp16/bf16 A x on the tensor cores, A (and x, per step)
+//                streamed by cp.async through a ring per warp, a persistent
+//                grid of row tiles whose steps form one sequence (the next
+//                tile's copies in flight while the warps meet), k split over
+//                a cluster where tiles are few. Measured 2026-12-02 through
+//                the server's path (sweep, bf16 n=8, us; cuBLAS GemmEx in the
+//                same run):
+//                  64-row tiles, 32 k per step (64 bytes of each row per
+//                  copy, 8 rows per warp-wide copy), one tile per CTA:
+//                  16384^2 163-200 (cuBLAS 133), 1024^2 4.3: short row
+//                  pieces stream badly, and a tile's fill and drain are
+//                  paid per CTA;
+//                  the persistent grid, 4 KiB steps of 16 rows x 128 k,
+//                  32 x 64 or 64 x 32: 16384^2 147.7 / 141.7 / 182.1, 1024^2
+//                  2.85; a tile's last partial step by element loads cost
+//                  100000 x 1000 330 us with 16-row tiles;
+//                  the partial step copied too (zero-filled past k), the
+//                  grid sized by the clusters that run at once: 100000 x
+//                  1000 60.7 (32 x 64);
+//                  8 KiB steps in two stages, 16 x 256 k (512 bytes of a
+//                  row) or 32 x 128 k (256 bytes): 16384^2 146.8 / 142.4
+//                  (cuBLAS 134.0), 4096^2 9.9 / 8.7 (13.4), 100000 x 1000
+//                  78.1 / 53.4 (57.0), 1024 x 50000 32.4 / 46.9 (31.6: 4
+//                  splits of 32-row tiles stream too few steps each), 1000 x
+//                  16384 10.6 / 16.4 (12.6), 3001 x 2000 5.8 / 4.8 (7.1).
+//                The tile is 32 rows where such tiles leave k unsplit, else
+//                16. Still short of cuBLAS on large A with long rows
+//                (16384^2 0.94x, 2000 x 100000 0.91x), where the default
+//                keeps the vendor.
 //   cublas       the vendor fallback (cublasGemmEx or its gemv, fp32
 //                compute, no reduced-precision split-K) where ours still
 //                lose: A^T x with one column (cuBLAS reads A faster than a
 //                D2D copy), with 16-bit rows that are not 16-byte aligned,
 //                and with 5..8 columns on a few short columns (see
 //                heuristics/gemv_heuristics.h); and fp16/bf16 A x with 5..8
-//                columns.
+//                columns on large A with long rows.
 #include <cooperative_groups.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -112,6 +141,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -681,23 +711,23 @@ __global__ void __launch_bounds__(kThreads) GemvTransNaiveKernel(GemvParams p) {
 }
 
 // ---------------------------------------------------------------------------
-// Splits of k over the CTAs of a thread-block cluster (trans_mma and the
-// cluster mode of trans_split): each CTA leaves its sums for the tile's
-// columns in shared memory, `sums[col_local * 8 + c]`, and after a cluster
+// Splits of k over the CTAs of a thread-block cluster (trans_mma, mma_ring and
+// the cluster mode of trans_split): each CTA leaves its sums for the tile's
+// outputs (rows of y from tile0) in shared memory, `sums[row_local * 8 + c]`, and after a cluster
 // barrier CTA `rank` adds the splits of every (p.splits)th output from the
 // CTAs' shared memory (distributed shared memory), rank 0 first: a fixed
 // order, no workspace, no second pass. With one split the CTA writes its own
 // sums. Every thread of the cluster's CTAs must call it (it holds barriers).
 __device__ __forceinline__ void ClusterCombine(const GemvParams& p, const float* sums,
-                                               int64_t tile_col0, int tile_cols) {
+                                               int64_t tile0, int tile_rows) {
   namespace cg = cooperative_groups;
   const int splits = p.splits;
-  const int64_t cols = std::min<int64_t>(tile_cols, p.m - tile_col0);
-  const int outputs = int(cols) * p.ncols;
+  const int64_t rows = std::min<int64_t>(tile_rows, p.m - tile0);
+  const int outputs = int(rows) * p.ncols;
   if (splits == 1) {
     __syncthreads();
     for (int o = threadIdx.x; o < outputs; o += blockDim.x)
-      WriteY(p, tile_col0 * p.ncols + o, sums[(o / p.ncols) * 8 + o % p.ncols]);
+      WriteY(p, tile0 * p.ncols + o, sums[(o / p.ncols) * 8 + o % p.ncols]);
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
@@ -708,7 +738,7 @@ __device__ __forceinline__ void ClusterCombine(const GemvParams& p, const float*
     const int at = (o / p.ncols) * 8 + o % p.ncols;
     float s = 0.f;
     for (int r = 0; r < splits; ++r) s += cluster.map_shared_rank(sums, r)[at];
-    WriteY(p, tile_col0 * p.ncols + o, s);
+    WriteY(p, tile0 * p.ncols + o, s);
   }
   cluster.sync();  // no CTA leaves while others still read its shared memory
 }
@@ -908,47 +938,48 @@ __global__ void __launch_bounds__(kThreads) GemvTransSplitKernel(GemvParams p) {
 // REQUIRES: fp16 or bf16; launched with p.splits CTAs per cluster along x
 // (blockIdx.x = tile * p.splits + rank), p.rows_per_split a multiple of 16.
 
-// The part of a trans_mma launch that CTA blockIdx.x owns: column tile
-// blockIdx.x / p.splits (its first column), split blockIdx.x % p.splits (rows
-// j_begin..j_end of the stored A), and that range's 16-row steps, whole or
-// not.
-struct TransSlice {
-  int64_t tile_col0, j_begin, j_end, steps, full_steps;
+// The part of a clustered tensor-core launch (trans_mma, mma_ring) that CTA
+// blockIdx.x owns: output tile blockIdx.x / p.splits (tile0: its first output
+// row of y, i.e. a column of the stored A for A^T x, a row of A for A x),
+// split blockIdx.x % p.splits (k indices j_begin..j_end), and that range's
+// steps of kStep k indices, whole or not.
+struct TileSlice {
+  int64_t tile0, j_begin, j_end, steps, full_steps;
 };
-__device__ __forceinline__ TransSlice SliceOf(const GemvParams& p, int tile_cols) {
-  TransSlice t;
-  t.tile_col0 = int64_t(blockIdx.x / unsigned(p.splits)) * tile_cols;
+template <int kStep>
+__device__ __forceinline__ TileSlice SliceOf(const GemvParams& p, int tile_outputs) {
+  TileSlice t;
+  t.tile0 = int64_t(blockIdx.x / unsigned(p.splits)) * tile_outputs;
   t.j_begin = int64_t(blockIdx.x % unsigned(p.splits)) * p.rows_per_split;
   t.j_end = std::min(p.k, t.j_begin + p.rows_per_split);
-  t.steps = t.j_end > t.j_begin ? (t.j_end - t.j_begin + 15) / 16 : 0;
-  t.full_steps = t.j_end > t.j_begin ? (t.j_end - t.j_begin) / 16 : 0;
+  t.steps = t.j_end > t.j_begin ? (t.j_end - t.j_begin + kStep - 1) / kStep : 0;
+  t.full_steps = t.j_end > t.j_begin ? (t.j_end - t.j_begin) / kStep : 0;
   return t;
 }
 
-// The 8 warps of a trans_mma CTA meet: each leaves its accumulators in `red`
-// ([warp][register][lane]), and their sums in a fixed order go to
-// sums[col * 8 + c], where col = col_of(h, jj, g, upper) is the tile column
-// that MMA jj of chunk h gives lane group g in its fragment row g (upper 0)
-// or g + 8 (upper 1), and c = 2 * (lane % 4) + (register % 2) the column of x.
-// Every thread of the CTA calls it.
-template <int kChunks, typename ColOf>
-__device__ __forceinline__ void MeetWarps(float (*red)[kChunks * 16][kWarpSize], float* sums,
-                                          const float (&d)[kChunks][4][4], ColOf col_of) {
+// The 8 warps of a tensor-core CTA (trans_mma, mma_ring) meet: each leaves
+// its accumulators in `red` ([warp][register][lane]), and their sums in a
+// fixed order go to sums[row * 8 + c], where row = row_of(f, g, upper) is the
+// output row of the tile (a column of the stored A for A^T x) that MMA f gives
+// lane group g in its fragment row g (upper 0) or g + 8 (upper 1), and c =
+// 2 * (lane % 4) + (register % 2) the column of x. Every thread of the CTA
+// calls it; `red` is free again after its next __syncthreads().
+template <int kFrags, typename RowOf>
+__device__ __forceinline__ void MeetWarps(float (*red)[kFrags * 4][kWarpSize], float* sums,
+                                          const float (&d)[kFrags][4], RowOf row_of) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
 #pragma unroll
-  for (int h = 0; h < kChunks; ++h)
+  for (int f = 0; f < kFrags; ++f)
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][(h * 4 + jj) * 4 + i][lane] = d[h][jj][i];
+    for (int i = 0; i < 4; ++i) red[warp][f * 4 + i][lane] = d[f][i];
   __syncthreads();
-  for (int e = threadIdx.x; e < kChunks * 16 * kWarpSize; e += kThreads) {
+  for (int e = threadIdx.x; e < kFrags * 4 * kWarpSize; e += kThreads) {
     const int ri = e / kWarpSize, l = e % kWarpSize;
     float v = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarpsPerBlock; ++w) v += red[w][ri][l];  // fixed order
-    const int h = ri / 16, jj = (ri / 4) % 4, i = ri % 4;
-    sums[col_of(h, jj, l >> 2, i >> 1) * 8 + 2 * (l & 3) + (i & 1)] = v;
+    const int i = ri % 4;
+    sums[row_of(ri / 4, l >> 2, i >> 1) * 8 + 2 * (l & 3) + (i & 1)] = v;
   }
 }
 
@@ -1013,8 +1044,8 @@ __global__ void __launch_bounds__(kThreads, 2) GemvTransMmaKernel(GemvParams p) 
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2, tig = lane & 3;
-  const TransSlice slice = SliceOf(p, Cfg::kTileCols);
-  const int64_t tile_col0 = slice.tile_col0, j_begin = slice.j_begin, j_end = slice.j_end;
+  const TileSlice slice = SliceOf<16>(p, Cfg::kTileCols);
+  const int64_t tile_col0 = slice.tile0, j_begin = slice.j_begin, j_end = slice.j_end;
   const int64_t steps = slice.steps, full_steps = slice.full_steps;
   const bool cols_inside = tile_col0 + Cfg::kTileCols <= p.m;
   const T* a_lane = static_cast<const T*>(p.a) + tile_col0 + g * 8;
@@ -1082,9 +1113,10 @@ __global__ void __launch_bounds__(kThreads, 2) GemvTransMmaKernel(GemvParams p) 
 
   // The 8 warps meet: MMA jj of chunk h holds columns h*64 + g*8 + 2jj (row
   // g) and the next one (row g + 8).
-  MeetWarps<kChunks>(red, sums, d, [](int h, int jj, int grp, int upper) {
-    return h * 64 + grp * 8 + 2 * jj + upper;
-  });
+  MeetWarps<kChunks * 4>(red, sums, reinterpret_cast<const float(&)[kChunks * 4][4]>(d),
+                         [](int f, int grp, int upper) {  // f = 4h + jj
+                           return (f / 4) * 64 + grp * 8 + 2 * (f % 4) + upper;
+                         });
   ClusterCombine(p, sums, tile_col0, Cfg::kTileCols);
 }
 
@@ -1117,18 +1149,6 @@ struct TransRingConfig {
   static constexpr int kSmemBytes = kRingBytes > kRedBytes ? kRingBytes : kRedBytes;
 };
 
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
 template <typename T, int kChunks>
 __global__ void __launch_bounds__(kThreads, 1) GemvTransRingKernel(GemvParams p) {
   using Cfg = TransRingConfig<kChunks>;
@@ -1139,8 +1159,8 @@ __global__ void __launch_bounds__(kThreads, 1) GemvTransRingKernel(GemvParams p)
 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int g = lane >> 2, tig = lane & 3;
-  const TransSlice slice = SliceOf(p, Cfg::kTileCols);
-  const int64_t tile_col0 = slice.tile_col0, j_begin = slice.j_begin, j_end = slice.j_end;
+  const TileSlice slice = SliceOf<16>(p, Cfg::kTileCols);
+  const int64_t tile_col0 = slice.tile0, j_begin = slice.j_begin, j_end = slice.j_end;
   const int64_t steps = slice.steps, full_steps = slice.full_steps;
   // This warp's whole steps: w, w + 8, ... below full_steps.
   const int64_t my_full =
@@ -1168,13 +1188,13 @@ __global__ void __launch_bounds__(kThreads, 1) GemvTransRingKernel(GemvParams p)
       const int64_t j0 = j_begin + (warp + i * kWarpsPerBlock) * 16;
 #pragma unroll
       for (int r = 0; r < 16; r += Cfg::kRowsPerCopy)
-        CpAsync16(dst_lane + st * Cfg::kStepBytes + r * Cfg::kPitch,
-                  a_lane + (j0 + copy_row + r) * row_bytes, src_bytes);
+        sm90::CpAsync16(dst_lane + st * Cfg::kStepBytes + r * Cfg::kPitch,
+                        a_lane + (j0 + copy_row + r) * row_bytes, src_bytes);
       if (lane * 16 < x_step_bytes)
-        CpAsync16(ring + st * Cfg::kStepBytes + 16 * Cfg::kPitch + lane * 16,
-                  x_bytes + j0 * p.ncols * int64_t(sizeof(T)) + lane * 16, 16);
+        sm90::CpAsync16(ring + st * Cfg::kStepBytes + 16 * Cfg::kPitch + lane * 16,
+                        x_bytes + j0 * p.ncols * int64_t(sizeof(T)) + lane * 16, 16);
     }
-    CpAsyncCommit();
+    sm90::CpAsyncCommit();
   };
 #pragma unroll
   for (int i = 0; i < kStages; ++i) issue(i);
@@ -1197,7 +1217,7 @@ __global__ void __launch_bounds__(kThreads, 1) GemvTransRingKernel(GemvParams p)
   };
   for (int64_t i = 0; i < my_full; ++i) {
     const int st = int(i % kStages);
-    CpAsyncWait<kStages - 1>();  // this lane's copies of step i have landed
+    sm90::CpAsyncWait<kStages - 1>();  // this lane's copies of step i have landed
     __syncwarp();                // and every other lane's
     const uint32_t xs = ring + st * Cfg::kStepBytes + 16 * Cfg::kPitch + x_lane;
     const uint32_t b0 = x_pair(xs), b1 = x_pair(xs + 8 * x_row);
@@ -1237,12 +1257,171 @@ __global__ void __launch_bounds__(kThreads, 1) GemvTransRingKernel(GemvParams p)
 
   // The warps meet in shared memory (the ring is free once every warp is
   // past its last step and no copy is in flight).
-  CpAsyncWait<0>();
+  sm90::CpAsyncWait<0>();
   __syncthreads();
-  MeetWarps<kChunks>(
-      reinterpret_cast<float(*)[kRegs][kWarpSize]>(smem), sums, d,
-      [](int h, int jj, int grp, int upper) { return h * 64 + jj * 16 + grp + 8 * upper; });
+  MeetWarps<kChunks * 4>(reinterpret_cast<float(*)[kRegs][kWarpSize]>(smem), sums,
+                         reinterpret_cast<const float(&)[kChunks * 4][4]>(d),
+                         [](int f, int grp, int upper) { return f * 16 + grp + 8 * upper; });
   ClusterCombine(p, sums, tile_col0, Cfg::kTileCols);
+}
+
+// ---------------------------------------------------------------------------
+// mma_ring: fp16/bf16 A x, 1..8 columns, on the tensor cores with A streamed
+// through a cp.async ring. The mma kernel above reads A with register loads
+// and x element by element from L1 (16 loads of x per 32 k per lane), and at
+// 8 columns it runs out of issue slots before HBM runs out of bytes (16384^2
+// bf16 n=8: 204 us against cuBLAS's 130).
+// A CTA owns tiles of kTileRows rows of A (16, 32 or 64) and one split of k,
+// the same for each of its tiles; it walks its tiles in turn (tile
+// blockIdx.x / p.splits, then every gridDim.x / p.splits-th: a persistent
+// grid of one CTA per SM). The tiles' steps (kTileRows rows by kStepK k, 4 KiB
+// of A) form one sequence, tile after tile, and warp w takes items w, w + 8,
+// ... of it, streaming each into a ring of kStages stages by cp.async, one
+// commit group per step: the tile's rows (2, 4 or 8 of them per warp-wide
+// copy) and the step's rows of x (contiguous, 16 bytes a lane). The ring runs
+// across tile boundaries, so the next tile's copies are in flight while the
+// warps meet. A's fragments come out of shared memory by ldmatrix (rows padded
+// by 16 bytes: the 8 rows of a matrix fall in 8 different bank groups), x's by
+// 16-bit shared loads (x[k][g] and x[k + 1][g], 0 past ncols); MMA f holds
+// rows f*16 + g (fragment row g) and + 8. At the end of each tile the warps
+// meet in shared memory (MeetWarps) and the splits of k in the cluster's
+// (ClusterCombine). A step that crosses j_end (or p.m) copies what is in A
+// and x and zero-fills the rest.
+// REQUIRES: fp16 or bf16; A and x 16-byte aligned, lda a multiple of 8;
+// launched with p.splits CTAs per cluster along x, gridDim.x a multiple of
+// p.splits, p.rows_per_split a multiple of kStepK, kSmemBytes of dynamic
+// shared memory.
+template <int kTileRows, int kK>
+struct RingConfig {
+  static constexpr int kFrags = kTileRows / 16;   // MMAs (16 rows each) per 16 k
+  static constexpr int kStepK = kK;               // k per step
+  static constexpr int kRowBytes = kStepK * 2;    // bytes of a row per step
+  static constexpr int kPitch = kRowBytes + 16;   // bytes between rows in shared memory
+  static constexpr int kXBytes = kStepK * 8 * 2;  // the step's rows of x, up to 8 columns
+  static constexpr int kStepBytes = kTileRows * kPitch + kXBytes;
+  // Stages per warp: 4, or as many as 210 KiB of the SM's shared memory hold.
+  static constexpr int kStages = 210 * 1024 / (kWarpsPerBlock * kStepBytes) < 4
+                                     ? 210 * 1024 / (kWarpsPerBlock * kStepBytes)
+                                     : 4;
+  static_assert(kStages >= 2, "a ring of at least two stages");
+  static constexpr int kVectorsPerRow = kRowBytes / 16;
+  static constexpr int kRowsPerCopy = kWarpSize / kVectorsPerRow;  // rows one warp-wide copy covers
+  static constexpr int kSmemBytes = kWarpsPerBlock * kStages * kStepBytes;
+};
+
+template <typename T, int kTileRows, int kStepK>
+__global__ void __launch_bounds__(kThreads, 1) GemvRingKernel(GemvParams p) {
+  using Cfg = RingConfig<kTileRows, kStepK>;
+  constexpr int kStep = Cfg::kStepK, kStages = Cfg::kStages, kFrags = Cfg::kFrags;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float red[kWarpsPerBlock][kFrags * 4][kWarpSize];
+  __shared__ float sums[kTileRows * 8];
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int g = lane >> 2, tig = lane & 3;
+  // This CTA's split of k, the same in each of its tiles: `steps` steps, the
+  // last one partial where the split's end is not a step's.
+  const int64_t j_begin = int64_t(blockIdx.x % unsigned(p.splits)) * p.rows_per_split;
+  const int64_t j_end = std::min(p.k, j_begin + p.rows_per_split);
+  const int64_t steps = j_end > j_begin ? (j_end - j_begin + kStep - 1) / kStep : 0;
+  // Its tiles: first_tile, + clusters, ...
+  const int64_t clusters = gridDim.x / unsigned(p.splits);
+  const int64_t first_tile = blockIdx.x / unsigned(p.splits);
+  const int64_t tiles = (p.m + kTileRows - 1) / kTileRows;
+  const int64_t my_tiles = first_tile < tiles ? (tiles - first_tile + clusters - 1) / clusters : 0;
+  // This warp's items (steps w, w + 8, ... of the CTA's sequence).
+  const int64_t items = my_tiles * steps;
+  const int64_t my_items = items > warp ? (items - warp + kWarpsPerBlock - 1) / kWarpsPerBlock : 0;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                        uint32_t(warp * kStages * Cfg::kStepBytes);
+
+  // This lane's copies: vector `vec` of rows copy_row + kRowsPerCopy * r of
+  // the tile. Rows at or past p.m, and elements at or past j_end, are
+  // zero-filled and read nothing (x's too: past j_end both factors are 0).
+  const int vec = lane % Cfg::kVectorsPerRow, copy_row = lane / Cfg::kVectorsPerRow;
+  const int64_t row_bytes = p.lda * int64_t(sizeof(T));
+  const unsigned char* a_bytes = static_cast<const unsigned char*>(p.a);
+  const uint32_t dst_lane = ring + copy_row * Cfg::kPitch + vec * 16;
+  const unsigned char* x_bytes = static_cast<const unsigned char*>(p.x);
+  const int x_step_bytes = kStep * p.ncols * int(sizeof(T));  // contiguous, a multiple of 64
+  // Item i of this warp into stage i % kStages; one commit group (empty past
+  // the warp's last item, so that the group count stays one per item).
+  auto issue = [&](int64_t i) {
+    if (i < my_items) {
+      const uint32_t stage = uint32_t(i % kStages) * Cfg::kStepBytes;
+      const int64_t item = warp + i * kWarpsPerBlock;
+      const int64_t t = item / steps, s = item - t * steps;
+      const int64_t row0 = (first_tile + t * clusters) * kTileRows + copy_row;
+      const int64_t j0 = j_begin + s * kStep;
+      const int64_t rows_left = p.m - row0;  // copy r is in A while r < rows_left
+      const int64_t k_left = (j_end - j0) * int64_t(sizeof(T)) - vec * 16;  // bytes of the row
+      const uint32_t a_len = k_left >= 16 ? 16u : (k_left > 0 ? uint32_t(k_left) : 0u);
+      const int64_t at = row0 * row_bytes + j0 * int64_t(sizeof(T)) + vec * 16;
+#pragma unroll
+      for (int r = 0; r < kTileRows; r += Cfg::kRowsPerCopy) {
+        const bool in = r < rows_left && a_len > 0;
+        sm90::CpAsync16(dst_lane + stage + r * Cfg::kPitch, in ? a_bytes + at + r * row_bytes : p.a,
+                        in ? a_len : 0u);
+      }
+      const int64_t x_left = std::min<int64_t>(j_end - j0, kStep) * p.ncols * int64_t(sizeof(T));
+      for (int off = lane * 16; off < x_step_bytes; off += kWarpSize * 16) {
+        const int64_t left = x_left - off;
+        const uint32_t len = left >= 16 ? 16u : (left > 0 ? uint32_t(left) : 0u);
+        sm90::CpAsync16(ring + stage + kTileRows * Cfg::kPitch + off,
+                        len > 0 ? x_bytes + j0 * p.ncols * int64_t(sizeof(T)) + off : p.x, len);
+      }
+    }
+    sm90::CpAsyncCommit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) issue(i);
+
+  // ldmatrix row addresses: lanes 8q..8q+7 give row (q & 1) * 8 + lane % 8 of
+  // the MMA's 16, at k (q >> 1) * 8 of its 16.
+  const int q = lane >> 3;
+  const uint32_t lm_off = uint32_t(((q & 1) * 8 + (lane & 7)) * Cfg::kPitch + (q >> 1) * 16);
+  // x's fragment from the stage: x[k][g] and x[k + 1][g] (0 past ncols).
+  const bool x_col = g < p.ncols;
+  const uint32_t x_lane = uint32_t((2 * tig * p.ncols + g) * int(sizeof(T)));
+  const uint32_t x_row = uint32_t(p.ncols * int(sizeof(T)));
+  auto x_pair = [&](uint32_t at) -> uint32_t {
+    if (!x_col) return 0u;
+    uint16_t lo, hi;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(lo) : "r"(at));
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(hi) : "r"(at + x_row));
+    return uint32_t(lo) | (uint32_t(hi) << 16);
+  };
+
+  int64_t i = 0;  // this warp's next item
+  for (int64_t t = 0; t < my_tiles; ++t) {
+    const int64_t tile_row0 = (first_tile + t * clusters) * kTileRows;
+    float d[kFrags][4] = {};
+    // This warp's items of tile t: those below item (t + 1) * steps.
+    const int64_t ahead = (t + 1) * steps - warp;
+    const int64_t i_end = ahead > 0 ? (ahead + kWarpsPerBlock - 1) / kWarpsPerBlock : 0;
+    for (; i < i_end; ++i) {
+      const uint32_t stage = ring + uint32_t(i % kStages) * Cfg::kStepBytes;
+      sm90::CpAsyncWait<kStages - 1>();  // this lane's copies of item i have landed
+      __syncwarp();                      // and every other lane's
+      const uint32_t xs = stage + kTileRows * Cfg::kPitch + x_lane;
+#pragma unroll
+      for (int s16 = 0; s16 < kStep / 16; ++s16) {
+        const uint32_t b0 = x_pair(xs + 16 * s16 * x_row), b1 = x_pair(xs + (16 * s16 + 8) * x_row);
+#pragma unroll
+        for (int f = 0; f < kFrags; ++f) {
+          uint32_t a[4];
+          sm90::LdMatrixX4(a, stage + lm_off + f * 16 * Cfg::kPitch + s16 * 32);
+          Mma16816<T>(d[f], a, b0, b1);
+        }
+      }
+      __syncwarp();  // every lane has read the stage before it is refilled
+      issue(i + kStages);
+    }
+    MeetWarps<kFrags>(red, sums, d,
+                      [](int f, int grp, int upper) { return f * 16 + grp + 8 * upper; });
+    ClusterCombine(p, sums, tile_row0, kTileRows);
+    __syncthreads();  // `red` and `sums` are free for the next tile
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1255,6 +1434,7 @@ enum class Kind {
   kBatched,
   kScalar,
   kMma,
+  kMmaRing,
   kTransNaive,
   kTransSplit,
   kTransWide,
@@ -1266,7 +1446,7 @@ struct VariantInfo {
   const char* name;
   Kind kind;
   int param;  // smem_x: TILE_V; batched, scalar, mma: warps per row group (kSplit);
-              // trans_mma: tile columns (0: the plan's choice)
+              // trans_mma, mma_ring: tile rows of y (0: the plan's choice)
 };
 
 constexpr VariantInfo kVariantTable[] = {
@@ -1288,6 +1468,9 @@ constexpr VariantInfo kVariantTable[] = {
     {"mma_w2", Kind::kMma, 2},
     {"mma_w4", Kind::kMma, 4},
     {"mma_w8", Kind::kMma, 8},
+    {"mma_ring", Kind::kMmaRing, 0},
+    {"mma_ring_16", Kind::kMmaRing, 16},
+    {"mma_ring_32", Kind::kMmaRing, 32},
     {"trans_naive", Kind::kTransNaive, 0},
     {"trans_split", Kind::kTransSplit, 0},
     {"trans_wide", Kind::kTransWide, 0},
@@ -1531,28 +1714,32 @@ cudaError_t LaunchMma(const GemvParams& p, int split, cudaStream_t stream) {
 // ---- trans_mma. ----
 
 template <typename T, int kChunks>
-cudaError_t LaunchTransMmaWith(GemvParams p, const GemvTransPlan& plan, cudaStream_t stream) {
+cudaError_t LaunchTransMmaWith(GemvParams p, const GemvTilePlan& plan, cudaStream_t stream) {
   p.splits = plan.splits;
   p.rows_per_split = plan.rows_per_split;
   const dim3 grid(unsigned(plan.tiles * plan.splits));
   return LaunchClustered(GemvTransMmaKernel<T, kChunks>, p, grid, unsigned(plan.splits), 1, stream);
 }
 
-// The plan for `args` (heuristics/gemv_heuristics.h), given the CTAs the
-// kernel keeps resident on the device.
-// The cp.async kernel (its ring in dynamic shared memory, one CTA per SM).
-template <typename T, int kChunks>
-cudaError_t LaunchTransRingWith(GemvParams p, const GemvTransPlan& plan, cudaStream_t stream) {
-  auto kernel = GemvTransRingKernel<T, kChunks>;
-  constexpr int kBytes = TransRingConfig<kChunks>::kSmemBytes;
+// A cp.async ring kernel (its ring in dynamic shared memory) on `plan`.
+template <typename Kernel>
+cudaError_t LaunchRingWith(Kernel kernel, int smem_bytes, GemvParams p, const GemvTilePlan& plan,
+                           cudaStream_t stream) {
   if (cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
       e != cudaSuccess)
     return e;
   p.splits = plan.splits;
   p.rows_per_split = plan.rows_per_split;
   return LaunchClustered(kernel, p, dim3(unsigned(plan.tiles * plan.splits)), unsigned(plan.splits),
-                         1, stream, kBytes);
+                         1, stream, smem_bytes);
+}
+
+template <typename T, int kChunks>
+cudaError_t LaunchTransRingWith(const GemvParams& p, const GemvTilePlan& plan,
+                                cudaStream_t stream) {
+  return LaunchRingWith(GemvTransRingKernel<T, kChunks>, TransRingConfig<kChunks>::kSmemBytes, p,
+                        plan, stream);
 }
 
 // Whether A's rows and x allow the 16-byte copies of the cp.async kernel.
@@ -1574,13 +1761,85 @@ cudaError_t LaunchTransMma(const GemvArgs& args, const GemvParams& p, int only_c
     return cudaErrorInvalidValue;
   } else {
     const bool ring = TransRingRows(args);
-    const GemvTransPlan plan =
-        ChooseGemvTransPlan(args.m, args.k, TransMmaResident<T>(ring), only_cols);
+    const GemvTilePlan plan =
+        ChooseGemvTilePlan(args.m, args.k, TransMmaResident<T>(ring), only_cols);
     if (ring)
-      return plan.tile_cols == 128 ? LaunchTransRingWith<T, 2>(p, plan, stream)
-                                   : LaunchTransRingWith<T, 1>(p, plan, stream);
-    return plan.tile_cols == 128 ? LaunchTransMmaWith<T, 2>(p, plan, stream)
-                                 : LaunchTransMmaWith<T, 1>(p, plan, stream);
+      return plan.tile == 128 ? LaunchTransRingWith<T, 2>(p, plan, stream)
+                              : LaunchTransRingWith<T, 1>(p, plan, stream);
+    return plan.tile == 128 ? LaunchTransMmaWith<T, 2>(p, plan, stream)
+                            : LaunchTransMmaWith<T, 1>(p, plan, stream);
+  }
+}
+
+// ---- mma_ring. ----
+
+// Clusters of `cluster_x` CTAs of `kernel` (kThreads threads, `smem_bytes` of
+// dynamic shared memory each) that the current device runs at once: a
+// cluster's CTAs must share a GPC, so this can be fewer than the SMs divided
+// by the cluster size. Asked once per device, kernel and size.
+template <typename Kernel>
+int64_t ActiveClusters(Kernel kernel, unsigned cluster_x, int smem_bytes) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, unsigned>, int64_t> known;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::max<int64_t>(1, SmCount() / cluster_x);
+  }
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), cluster_x);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(cluster_x);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = size_t(smem_bytes);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 1) {
+    (void)cudaGetLastError();
+    clusters = std::max(1, SmCount() / int(cluster_x));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  known[key] = clusters;
+  return clusters;
+}
+
+// The persistent grid: as many clusters as run at once, tiles at most.
+template <typename T, int kTileRows, int kStepK>
+cudaError_t LaunchMmaRingWith(GemvParams p, cudaStream_t stream) {
+  using Cfg = RingConfig<kTileRows, kStepK>;
+  const GemvTilePlan plan = ChooseGemvTilePlan(p.m, p.k, SmCount(), kTileRows, Cfg::kStepK);
+  auto kernel = GemvRingKernel<T, kTileRows, kStepK>;
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           Cfg::kSmemBytes);
+      e != cudaSuccess)
+    return e;
+  const int64_t clusters =
+      std::min<int64_t>(plan.tiles, ActiveClusters(kernel, unsigned(plan.splits), Cfg::kSmemBytes));
+  p.splits = plan.splits;
+  p.rows_per_split = plan.rows_per_split;
+  return LaunchClustered(kernel, p, dim3(unsigned(clusters * plan.splits)), unsigned(plan.splits),
+                         1, stream, Cfg::kSmemBytes);
+}
+
+// Tiles of 16 rows read 512 bytes of each row per step, tiles of 32 rows
+// 256: two stages of 8 KiB of A per warp either way.
+template <typename T>
+cudaError_t LaunchMmaRing(const GemvParams& p, int only_tile, cudaStream_t stream) {
+  if constexpr (sizeof(T) != 2) {
+    return cudaErrorInvalidValue;
+  } else {
+    const int tile = only_tile != 0 ? only_tile : ChooseGemvRingTile(p.m, SmCount());
+    if (tile == 16) return LaunchMmaRingWith<T, 16, 256>(p, stream);
+    return LaunchMmaRingWith<T, 32, 128>(p, stream);
   }
 }
 
@@ -1679,6 +1938,8 @@ cudaError_t LaunchTyped(const GemvArgs& args, const VariantInfo& info, void* wor
       return LaunchBatchedAny<T, true>(p, info.param, stream);
     case Kind::kMma:
       return LaunchMma<T>(p, info.param, stream);
+    case Kind::kMmaRing:
+      return LaunchMmaRing<T>(p, info.param, stream);
     case Kind::kCublas:
       return LaunchCublas(args, stream);
     case Kind::kTransMma:
@@ -1765,6 +2026,15 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant) {
       if (!Aligned(args.a, 16) || args.lda % 8 != 0)
         return Support::No(std::string(info->name) +
                            " needs A 16-byte aligned and lda a multiple of 16 bytes");
+      break;
+    case Kind::kMmaRing:
+      if (args.dtype == DType::kF32)
+        return Support::No(std::string(info->name) + " runs fp16 and bf16 only");
+      if (!VectorFriendly(args))
+        return Support::No(std::string(info->name) +
+                           " needs A and x 16-byte aligned and lda a multiple of 16 bytes");
+      if (CeilDiv(args.m, 64) * kGemvMaxClusterSplits > 0x7fffffff)
+        return Support::No("m too large for one grid");
       break;
     default:
       break;

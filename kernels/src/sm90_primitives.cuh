@@ -1,15 +1,16 @@
 // Hopper inline-PTX primitives shared by the wgmma GEMM (gemm_tc_sm90.cuh,
 // gemm_tc_wgmma.cuh), the wgmma FlashAttention kernel (attention_wgmma.cuh)
-// and GEMV's trans_mma (gemv.cu): mbarrier init / arrive / wait, 3-D TMA tile
-// loads, the transposing ldmatrix, the proxy and mbarrier-init fences, wgmma
-// fence / commit / wait, the accumulator register fence,
-// setmaxnreg and the 128B-swizzle shared-memory matrix descriptor.
+// and GEMV's tensor-core versions (gemv.cu): mbarrier init / arrive / wait,
+// 3-D TMA tile loads, cp.async, ldmatrix (plain and transposing), the proxy
+// and mbarrier-init fences, wgmma fence / commit / wait, the accumulator
+// register fence, setmaxnreg and the 128B-swizzle shared-memory matrix
+// descriptor.
 //
-// The mbarrier and TMA parts need sm_90; the wgmma and setmaxnreg parts need
-// sm_90a (the arch-specific target), so only kernels compiled for sm_90a may
-// call them. Every function is a force-inlined wrapper around one instruction
-// (or one short fixed sequence); nothing here allocates or synchronises beyond
-// what its comment says.
+// cp.async and ldmatrix need sm_80, the mbarrier and TMA parts sm_90; the
+// wgmma and setmaxnreg parts need sm_90a (the arch-specific target), so only
+// kernels compiled for sm_90a may call them. Every function is a
+// force-inlined wrapper around one instruction (or one short fixed sequence);
+// nothing here allocates or synchronises beyond what its comment says.
 #ifndef GPUCOMPUTE_KERNELS_SRC_SM90_PRIMITIVES_CUH_
 #define GPUCOMPUTE_KERNELS_SRC_SM90_PRIMITIVES_CUH_
 
@@ -100,6 +101,36 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
       " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
+}
+
+// --- cp.async and ldmatrix (sm_80 and later) ----------------------------------
+
+// Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned)
+// asynchronously, reading only the first `src_bytes` (0..16) and zero-filling
+// the rest; with 0 nothing is read. Completes with the commit group it joins.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+// Closes this thread's current group of cp.async copies.
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed groups are still in
+// flight (the copies of other threads need a barrier besides).
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Loads four 8x8 matrices of 16-bit elements from shared memory: lanes
+// 8i..8i+7 give the addresses of matrix i's 8 rows (16 bytes each), and r[i]
+// of lane l holds matrix i's elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
 }
 
 // Loads four 8x8 matrices of 16-bit elements from shared memory, transposed:

@@ -56,6 +56,13 @@ std::vector<Case> Cases() {
       {1000, 3000, 3, false},                   // A^T: cp.async rows, a partial last tile
       {1001, 2500, 5, false, 0.5f, 0, false,
        7},  // A^T: lda 1008, 41 columns in the last tile, a k tail
+      // A x: lda 40016; mma_ring: k split 8 ways, a partial last step, 8 rows
+      // in the last tile.
+      {200, 40010, 7, false, 0.5f, 0, false, 6},
+      // A x: mma_ring_32's tiles over a 2-way split, a partial last tile.
+      {1000, 4096, 6, false, -0.75f},
+      // A x: mma_ring_32 on 157 tiles (more than a CTA per SM), a partial step.
+      {5000, 700, 5, false},
   };
   std::vector<Case> all;
   for (Case c : base) {
@@ -202,9 +209,16 @@ TEST(GemvVariants, DefaultIsNamed) {
   a.k = a.lda = 4096;
   EXPECT_EQ(kernels::GemvVariantName(a, ""), "vec16");  // rows that fill the machine alone
   a.ncols = 8;
-  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");  // 16-bit, many columns: the vendor
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");  // 16-bit, many columns, 8 GiB: the vendor
   a.y_type = DType::kF16;  // an output dtype cuBLAS does not write from bf16: ours
-  EXPECT_EQ(kernels::GemvVariantName(a, "").rfind("mma", 0), 0u);
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "mma_ring");
+  a.y_type = DType::kBF16;
+  a.m = 4096;  // 32 MiB of A: ours, on the tensor cores
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "mma_ring");
+  a.x = reinterpret_cast<void*>(0x20002);  // x off 16 bytes: the vendor
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");
+  a.x = reinterpret_cast<void*>(0x20000);
+  a.m = 1 << 20;
   a.dtype = a.y_type = DType::kF32;
   EXPECT_EQ(kernels::GemvVariantName(a, "").rfind("scalar", 0), 0u);  // fp32, many columns
   a.ncols = 1;
@@ -305,6 +319,14 @@ TEST(GemvCanImplement, RefusesWhatItCannotRun) {
   EXPECT_FALSE(refused(b, "trans_mma"));
   b = ok;
   EXPECT_TRUE(refused(b, "trans_mma"));  // A x asked of a transposed-only version
+  EXPECT_TRUE(refused(b, "mma_ring"));   // fp16/bf16 only
+  b.dtype = b.y_type = DType::kBF16;
+  EXPECT_FALSE(refused(b, "mma_ring"));
+  b.lda = 12;  // rows not 16-byte aligned
+  EXPECT_TRUE(refused(b, "mma_ring_16"));
+  b.lda = 8;
+  b.trans_a = true;  // A^T x asked of an A x version
+  EXPECT_TRUE(refused(b, "mma_ring_32"));
   b = ok;
   EXPECT_TRUE(refused(b, "trans_split"));  // A x asked of a transposed-only version
   b.m = 0;
@@ -336,9 +358,10 @@ TEST(GemvWorkspace, SplitNeedsWorkspace) {
   EXPECT_EQ(kernels::GemvWorkspaceBytes(args, "trans_naive"), 0u);
 }
 
-// trans_mma's launch plan (heuristics/gemv_heuristics.h), host only: every
-// row of A in exactly one split, splits a cluster can hold, one wave.
-TEST(GemvTransPlan, CoversKInClusterSplits) {
+// The launch plan of trans_mma and mma_ring (heuristics/gemv_heuristics.h),
+// host only: every k index in exactly one split, splits a cluster can hold,
+// one wave.
+TEST(GemvTilePlan, CoversKInClusterSplits) {
   for (const auto& [m, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1},
                                                                      {1, 1000003},
                                                                      {1000003, 1},
@@ -350,31 +373,46 @@ TEST(GemvTransPlan, CoversKInClusterSplits) {
                                                                      {100, 300},
                                                                      {8192, 1024}}) {
     for (int64_t resident : {264, 132, 1}) {
-      const kernels::GemvTransPlan p = kernels::ChooseGemvTransPlan(m, k, resident);
-      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + " resident " +
-                   std::to_string(resident));
-      EXPECT_TRUE(p.tile_cols == 128 || p.tile_cols == 64);
-      EXPECT_EQ(p.tiles, (m + p.tile_cols - 1) / p.tile_cols);
-      EXPECT_GE(p.splits, 1);
-      EXPECT_LE(p.splits, kernels::kGemvMaxClusterSplits);
-      EXPECT_EQ(p.rows_per_split % 16, 0);
-      EXPECT_GE(p.splits * p.rows_per_split, k);        // every row in a split
-      EXPECT_LT((p.splits - 1) * p.rows_per_split, k);  // no empty split
-      if (p.splits > 1) EXPECT_LE(p.tiles * p.splits, std::max<int64_t>(resident, p.tiles));
+      for (int64_t step : {16, 128, 256}) {  // trans_mma's, mma_ring's
+        const kernels::GemvTilePlan p = kernels::ChooseGemvTilePlan(m, k, resident, 0, step);
+        SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + " resident " +
+                     std::to_string(resident) + " step " + std::to_string(step));
+        EXPECT_TRUE(p.tile == 128 || p.tile == 64);
+        EXPECT_EQ(p.tiles, (m + p.tile - 1) / p.tile);
+        EXPECT_GE(p.splits, 1);
+        EXPECT_LE(p.splits, kernels::kGemvMaxClusterSplits);
+        EXPECT_EQ(p.rows_per_split % step, 0);
+        EXPECT_GE(p.splits * p.rows_per_split, k);        // every row in a split
+        EXPECT_LT((p.splits - 1) * p.rows_per_split, k);  // no empty split
+        if (p.splits > 1) {
+          EXPECT_LE(p.tiles * p.splits, std::max<int64_t>(resident, p.tiles));
+          EXPECT_GE(p.rows_per_split, kernels::kGemvMinStepsPerSplit * step);
+        }
+      }
     }
   }
   // One CTA per SM on 132 SMs: the wide tile, split to fill the machine;
   // the narrow one where it fills as many CTAs with fewer splits.
-  kernels::GemvTransPlan p = kernels::ChooseGemvTransPlan(16384, 16384, 132);
-  EXPECT_EQ(p.tile_cols, 128);
+  kernels::GemvTilePlan p = kernels::ChooseGemvTilePlan(16384, 16384, 132);
+  EXPECT_EQ(p.tile, 128);
   EXPECT_EQ(p.splits, 1);
-  p = kernels::ChooseGemvTransPlan(1000, 100000, 132);
-  EXPECT_EQ(p.tile_cols, 128);
+  p = kernels::ChooseGemvTilePlan(1000, 100000, 132);
+  EXPECT_EQ(p.tile, 128);
   EXPECT_EQ(p.splits, 8);
-  p = kernels::ChooseGemvTransPlan(4096, 4096, 132);
-  EXPECT_EQ(p.tile_cols, 64);
+  p = kernels::ChooseGemvTilePlan(4096, 4096, 132);
+  EXPECT_EQ(p.tile, 64);
   EXPECT_EQ(p.splits, 2);
-  EXPECT_EQ(kernels::ChooseGemvTransPlan(4096, 4096, 132, 128).splits, 4);  // a named width is kept
+  EXPECT_EQ(kernels::ChooseGemvTilePlan(4096, 4096, 132, 128).splits, 4);  // a named width is kept
+  // mma_ring: 1024 x 50000 in 64 tiles of 16 rows, 2 splits of 98 steps of
+  // 256; tiles of 32 rows where they leave k unsplit.
+  EXPECT_EQ(kernels::ChooseGemvRingTile(1024, 132), 16);
+  p = kernels::ChooseGemvTilePlan(1024, 50000, 132, 16, 256);
+  EXPECT_EQ(p.tiles, 64);
+  EXPECT_EQ(p.splits, 2);
+  EXPECT_EQ(p.rows_per_split, 25088);
+  EXPECT_EQ(kernels::ChooseGemvRingTile(3001, 132), 32);
+  EXPECT_EQ(kernels::ChooseGemvTilePlan(3001, 2000, 132, 32, 128).splits, 1);
+  EXPECT_EQ(kernels::ChooseGemvRingTile(2000, 132), 16);
 }
 
 }  // namespace

@@ -77,9 +77,9 @@ struct Row {
 };
 
 const std::vector<std::string> kGemvVariants = {
-    "warp_row",   "vec16",     "batched",      "batched_w2",    "batched_w4",
-    "batched_w8", "scalar",    "scalar_w2",    "scalar_w4",     "scalar_w8",
-    "mma",        "mma_w2",    "mma_w4",       "mma_w8",        "trans_split",
+    "warp_row",   "vec16",     "batched",      "batched_w2",    "batched_w4",  "batched_w8",
+    "scalar",     "scalar_w2", "scalar_w4",    "scalar_w8",     "mma",         "mma_w2",
+    "mma_w4",     "mma_w8",    "mma_ring",     "mma_ring_16",   "mma_ring_32", "trans_split",
     "trans_wide", "trans_mma", "trans_mma_64", "trans_mma_128", "cublas"};
 const std::vector<std::string> kReduceVariants = {"vec", "single_pass", "row_warp", "col_thread"};
 const std::vector<std::string> kPermuteRoutes = {"row_copy", "row_copy_grouped", "tiled", "gather"};

@@ -13,12 +13,15 @@
 //   - A^T x, fp32: "trans_split" from 2 columns (1.1-2.8x cuBLAS's GemmEx),
 //     but the vendor for one column and for 5..8 columns of fewer than 4096
 //     columns of op(A) (0.88-0.93x; one column: 0.66-1.12x).
-//   - fp16/bf16 A x with 5..8 columns: cuBLAS's GemmEx was faster than every
-//     kernel of ours (mma 0.6-0.7x, batched 0.4-0.6x at 8 columns): the
-//     default is the vendor fallback "cublas" there, named as such; fp32
+//   - fp16/bf16 A x with 5..8 columns: "mma_ring" (tensor cores, A streamed
+//     through a cp.async ring per warp, persistent tiles) on A of up to
+//     64 MiB or with rows of up to 2048 elements: 1.0-2.4x cuBLAS (mma
+//     0.6-0.7x, batched 0.4-0.6x at 8 columns); on larger A with longer
+//     rows ours reach 0.90-0.97x and the default is the vendor fallback
+//     "cublas", named as such. The vendor also takes fp32
 //     with one column and few rows (m under a quarter of the target warps),
 //     and fp16/bf16 with one column, 2000 rows or more of 16k elements or
-//     more, too.
+//     more.
 //   - One column with a quarter of the machine's warps in rows of 1k..16k
 //     elements (fp32: 1k and longer): a warp per row ("vec16").
 //   - Otherwise a warp per group of 2 or 4 rows ("batched"), with 2, 4 or 8
@@ -28,10 +31,8 @@
 //     element of A, faster on every such shape of the sweep).
 //   - Where the fallback cannot run (an output dtype cuBLAS does not write
 //     from the input's, sizes past 32 bits): A^T x "trans_mma" (16-bit) or
-//     "trans_split" (fp32); fp16/bf16 with 5..8
-//     columns "mma" (tensor cores; the FMA kernels run out of issue slots
-//     there), split like batched, where its 16-row groups fill half the
-//     machine (wide, short A stays on batched).
+//     "trans_split" (fp32); fp16/bf16 A x with 5..8 columns "mma_ring"
+//     whatever the size of A.
 //   - fp32 with 5..8 columns: "scalar" (element loads; the 16-byte kernel
 //     holds too many accumulators and x vectors to keep loads in flight).
 //   - Pointers or a row stride that forbid 16-byte vectors: "scalar"
@@ -61,8 +62,8 @@ inline constexpr int64_t kGemvTargetWarpsPerSm = 48;
 // A warp of a split row group should still read at least this many 16-byte
 // vectors per lane along k.
 inline constexpr int64_t kGemvMinVectorsPerLane = 2;
-// fp16/bf16 with at least this many columns run on the tensor cores, when
-// their 16-row groups alone fill half the machine (wide, short A: batched).
+// fp16/bf16 with at least this many columns run on the tensor cores (or
+// the vendor's GEMM).
 inline constexpr int kGemvMmaMinColumns = 5;
 // fp16/bf16 with one column, at least kGemvVendorMinRows16 rows of at least
 // kGemvVendorMinK16 elements: cuBLAS streams A faster than a D2D copy there
@@ -93,6 +94,16 @@ inline int GemvSplitFor(const GemvShape& s, int64_t rows_per_warp, int sm_count,
   return split;
 }
 
+// fp16/bf16 A x with 5..8 columns runs mma_ring on A of at most
+// kGemvRingMaxBytes, or with rows of at most kGemvRingMaxK elements; cuBLAS
+// on larger A with longer rows. On the sweep of 2026-12-02 (n = 8, bf16, us,
+// ours against the vendor): 4096^2 (32 MiB) 8.7 against 13.9, 1000 x 16384
+// 10.6 against 12.3, 100000 x 1000 (191 MiB) 53.0 against 57.5, 50000 x 1024
+// 29.9 against 29.4; but 1024 x 50000 (98 MiB) 32.2 against 31.5, 16384^2
+// 142.4 against 134.6, 2000 x 100000 112.1 against 100.8.
+inline constexpr int64_t kGemvRingMaxBytes = int64_t(64) << 20;
+inline constexpr int64_t kGemvRingMaxK = 2048;
+
 // A^T x: fp32 with 5..8 columns runs ours (trans_split) from this many
 // columns of op(A) (m); 16-bit with 5..8 columns from this k, or on fewer
 // than a wave of 128-column tiles.
@@ -102,46 +113,58 @@ inline constexpr int64_t kGemvTransMinK16Wide = 4096;
 // Splits of k that meet in a thread-block cluster's shared memory: at most
 // the portable cluster size.
 inline constexpr int kGemvMaxClusterSplits = 8;
-// A split of trans_mma reads at least this many rows of the stored A (two
-// 16-row steps per warp of its CTA).
-inline constexpr int64_t kGemvTransMinRowsPerSplit = 256;
+// A split of a clustered tensor-core launch (trans_mma, mma_ring) takes at
+// least this many steps of k: two per warp of its CTA.
+inline constexpr int64_t kGemvMinStepsPerSplit = 16;
 
-// trans_mma's launch: column tiles of `tile_cols` (128 or 64), k split over
-// `splits` CTAs of a cluster (1..8) of `rows_per_split` rows each (a multiple
-// of 16); tiles * splits CTAs.
-struct GemvTransPlan {
-  int tile_cols = 128;
+// The launch of trans_mma (A^T x) and mma_ring (A x): output tiles of `tile`
+// rows of y (columns of the stored A for A^T x, rows for A x), k
+// split over `splits` CTAs of a cluster (1..8) of `rows_per_split` k indices
+// each (a multiple of the kernel's step); tiles * splits CTAs.
+struct GemvTilePlan {
+  int tile = 128;
   int splits = 1;
   int64_t rows_per_split = 16;
   int64_t tiles = 1;
 };
 
-// The plan for op(A) = A^T of [m, k] when `resident` CTAs fit on the device
-// at once: 128-column tiles (256-byte row pieces in 16-bit) with as many
-// splits as fill the resident CTAs in one wave; 64-column tiles only where
-// they fill as many CTAs with fewer splits (4096^2: 64 x 2 CTAs, 8.96 us,
-// against 32 x 4 of 128 columns, 14.9 us). At the same split the wide tile
-// streams more bytes per step and wins (1000 x 100000 bf16, 8 splits: 53.6
+// The plan for op(A) of [m, k] when `resident` CTAs fit on the device at
+// once and a warp's step covers `step` indices of k (16 for trans_mma, 32 for
+// mma_ring): 128-row tiles with as many splits as fill the resident CTAs in
+// one wave; 64-row tiles only where they fill as many CTAs with fewer splits
+// (A^T 4096^2: 64 x 2 CTAs, 8.96 us, against 32 x 4 of 128 columns, 14.9 us);
+// `only_tile` (any size) where the caller names one. At the same split the wide tile streams
+// more bytes per step and wins (A^T 1000 x 100000 bf16, 8 splits: 53.6
 // against 71.6 us; 50000 x 1024, no split: 30.7 against 37.5).
-inline GemvTransPlan ChooseGemvTransPlan(int64_t m, int64_t k, int64_t resident,
-                                         int only_cols = 0) {
-  auto plan_for = [&](int cols) {
-    GemvTransPlan p;
-    p.tile_cols = cols;
-    p.tiles = (m + cols - 1) / cols;
+inline GemvTilePlan ChooseGemvTilePlan(int64_t m, int64_t k, int64_t resident, int only_tile = 0,
+                                       int64_t step = 16) {
+  auto plan_for = [&](int tile) {
+    GemvTilePlan p;
+    p.tile = tile;
+    p.tiles = (m + tile - 1) / tile;
     int64_t splits = resident / p.tiles;
     splits = splits < 1 ? 1 : (splits > kGemvMaxClusterSplits ? kGemvMaxClusterSplits : splits);
-    const int64_t by_rows = k / kGemvTransMinRowsPerSplit;
+    const int64_t by_rows = k / (kGemvMinStepsPerSplit * step);
     if (splits > by_rows) splits = by_rows < 1 ? 1 : by_rows;
-    p.rows_per_split = ((k + splits - 1) / splits + 15) / 16 * 16;
+    p.rows_per_split = ((k + splits - 1) / splits + step - 1) / step * step;
     p.splits = static_cast<int>((k + p.rows_per_split - 1) / p.rows_per_split);
     return p;
   };
-  const GemvTransPlan wide = plan_for(128), narrow = plan_for(64);
-  if (only_cols != 0) return only_cols == 64 ? narrow : wide;
+  if (only_tile != 0) return plan_for(only_tile);
+  const GemvTilePlan wide = plan_for(128), narrow = plan_for(64);
   return narrow.splits < wide.splits && narrow.tiles * narrow.splits >= wide.tiles * wide.splits
              ? narrow
              : wide;
+}
+
+// mma_ring's tile for A with m rows: 32 rows (256 bytes of each per step)
+// where such tiles leave k unsplit on `sm_count` SMs, else 16 (512 bytes of
+// each per step): twice the tiles, k split over fewer CTAs, each with more
+// steps to stream. On the sweep (2026-12-02, n = 8, bf16, us): 3001 x 2000 4.96 with 32
+// rows against 5.86 with 16, 50000 x 1024 29.5 against 41.1; 1000 x 16384
+// 16.6 (4 splits) against 10.2 (2), 1024 x 50000 49.2 against 32.6.
+inline int ChooseGemvRingTile(int64_t m, int sm_count) {
+  return (m + 31) / 32 * 2 > sm_count ? 32 : 16;
 }
 
 // `base` with the split suffix ("_w2", "_w4", "_w8") of `split`.
@@ -177,8 +200,14 @@ inline std::string_view ChooseGemv(const GemvShape& s, int sm_count) {
       return "cublas";
     return "trans_mma";
   }
-  // Where our kernels still lose, the vendor's (named "cublas" in the shard
-  // timings): fp16/bf16 with 5..8 columns.
+  // fp16/bf16 with 5..8 columns: the tensor cores, A streamed through a
+  // cp.async ring ("mma_ring"), on A of up to 64 MiB or rows of up to 2048
+  // elements (1.0-2.4x cuBLAS); cuBLAS's GemmEx on larger A with longer rows
+  // (named "cublas" in the shard timings; ours 0.90-0.97x there).
+  if (!fp32 && s.ncols >= kGemvMmaMinColumns && s.vector_friendly &&
+      (!s.vendor_ok || s.k <= kGemvRingMaxK ||
+       s.m * s.k * int64_t(DTypeSize(s.dtype)) <= kGemvRingMaxBytes))
+    return "mma_ring";
   if (s.vendor_ok && !fp32 && s.ncols >= kGemvMmaMinColumns) return "cublas";
   if (s.vendor_ok && !fp32 && s.ncols == 1 && s.m >= kGemvVendorMinRows16 &&
       s.k >= kGemvVendorMinK16)
@@ -190,8 +219,6 @@ inline std::string_view ChooseGemv(const GemvShape& s, int sm_count) {
   if (!s.vector_friendly || (fp32 && s.ncols >= kGemvMmaMinColumns))
     return WithSplit("scalar", GemvSplitFor(s, rows_per_warp, sm_count, 1));
   const int64_t target = int64_t(sm_count) * kGemvTargetWarpsPerSm;
-  if (!fp32 && s.ncols >= kGemvMmaMinColumns && (s.m + 15) / 16 * 8 * 2 >= target)
-    return WithSplit("mma", GemvSplitFor(s, 16, sm_count, 4 * vec));
   if (s.ncols == 1) {
     if (double(s.m) >= kGemvVec16MinFill * double(target) && s.k >= kGemvVec16MinK &&
         (fp32 || s.k <= kGemvVec16MaxK16))

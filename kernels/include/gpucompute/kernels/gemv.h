@@ -23,6 +23,11 @@
 //                  loads (any alignment and lda), every column at once;
 //   "mma", "mma_w2", "mma_w4", "mma_w8": fp16/bf16 on the tensor cores
 //                  (mma.sync m16n8k16, 16 rows per warp, fp32 accumulation);
+//   "mma_ring"     fp16/bf16 A x on the tensor cores with A streamed through a
+//                  cp.async ring per warp: a persistent grid of tiles of 16 or
+//                  32 rows, K split over a cluster where tiles are few; needs
+//                  A and x 16-byte aligned and lda a multiple of 16 bytes;
+//   "mma_ring_16", "mma_ring_32": the same with the tile fixed;
 //   "cublas"       the vendor fallback: cublasGemmEx with fp32 compute on the
 //                  same stream (y in the input dtype or fp32 only), for the
 //                  classes where the kernels above still lose. It keeps one
@@ -30,10 +35,11 @@
 //                  stream must not come from two threads at once.
 // An empty variant picks the version src/heuristics/gemv_heuristics.h names
 // for the arguments (derived from the server-path sweep): vec16, batched or
-// scalar (split as the machine needs) for A x, mma for fp16/bf16 with many
-// columns, trans_mma (16-bit) and trans_split (fp32) for A^T x with several
-// columns, and "cublas" where the vendor is faster (A^T x with one column,
-// fp16/bf16 A x with 5..8 columns, fp32 with one column and few rows, ...).
+// scalar (split as the machine needs) for A x, mma_ring for fp16/bf16 with
+// 5..8 columns on small A or short rows, trans_mma (16-bit) and trans_split
+// (fp32) for A^T x with several columns, and "cublas" where the vendor is
+// faster (A^T x with one column, fp16/bf16 A x with 5..8 columns on large A
+// with long rows, fp32 with one column and few rows, ...).
 #ifndef GPUCOMPUTE_KERNELS_GEMV_H_
 #define GPUCOMPUTE_KERNELS_GEMV_H_
 
