@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import json
 import math
 import os
@@ -27,12 +28,16 @@ MESSAGE_OVERHEAD = 1024
 # Where the parts of a parallel transfer begin: a multiple of this (client.h).
 TRANSFER_ALIGNMENT = 4096
 
-# Calls that may be repeated without changing what they do: retried on UNAVAILABLE. (Upload,
-# Free and Batch are not: a repeated Free answers NOT_FOUND, a repeated upload or batch item
-# does the work twice.) gRPC retries only while the request is still buffered (256 KiB by
-# default), so large requests are sent once.
+# Calls that may be repeated without changing what they do: retried on UNAVAILABLE (a replica
+# that died, is draining or cannot be reached) and CANCELLED by the server (a replica shutting
+# down cancels calls that reach it as it stops), as the C++ client does. (Upload, Free and
+# Batch are not: a repeated Free answers NOT_FOUND, a repeated upload or batch item does the
+# work twice.) gRPC retries only while the request is still buffered: up to
+# RETRY_BUFFER_BYTES per call, as the C++ client's retry_buffer_bytes; larger requests are
+# sent once.
 IDEMPOTENT = ("Gemm", "Gemv", "Reduce", "Transpose", "Attention", "Echo", "GetServerInfo",
               "ListTensors", "Download")
+RETRY_BUFFER_BYTES = 64 << 20
 
 
 def service_config() -> str:
@@ -42,12 +47,52 @@ def service_config() -> str:
         "name": names,
         "retryPolicy": {
             "maxAttempts": 4,
-            "initialBackoff": "0.1s",
+            "initialBackoff": "0.05s",
             "maxBackoff": "1s",
             "backoffMultiplier": 2,
-            "retryableStatusCodes": ["UNAVAILABLE"],
+            "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
         },
     }]})
+
+
+def channel_target(target: str) -> str:
+    """The gRPC target of `target`, as the C++ client's ChannelTarget: a comma-separated list
+    of IP addresses ("10.0.0.1:50051,10.0.0.2:50051"; "localhost" is 127.0.0.1; IPv6 in
+    brackets) becomes one "ipv4:" or "ipv6:" target over all of them; any other target (one
+    address, a name, dns:///name:port, ipv4:..., unix:...) is used as it is. A list is not
+    resolved: ComputeError(INVALID_ARGUMENT) names an entry that is not address:port or not an
+    IP address, and a list that mixes IPv4 and IPv6."""
+    if ("," not in target or "://" in target
+            or target.startswith(("ipv4:", "ipv6:", "unix:"))):
+        return target
+    v4 = v6 = False
+    addresses = []
+    for item in target.split(","):
+        address = item.strip()
+        host, colon, port = address.rpartition(":")
+        if not colon or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise invalid("target", f'"{address}" in the list is not address:port')
+        if host == "localhost":
+            address, v4 = f"127.0.0.1:{int(port)}", True
+            addresses.append(address)
+            continue
+        try:
+            ipaddress.IPv4Address(host)
+            v4 = True
+        except ValueError:
+            try:
+                if not (len(host) > 2 and host[0] == "[" and host[-1] == "]"):
+                    raise ValueError(host)
+                ipaddress.IPv6Address(host[1:-1])
+                v6 = True
+            except ValueError:
+                raise invalid("target", f'"{host}" in the list is not an IP address (a list is '
+                              "not resolved; for names use one dns:///name:port target that "
+                              "resolves to every replica)") from None
+        addresses.append(address)
+    if v4 and v6:
+        raise invalid("target", "a list holds IPv4 or IPv6 addresses, not both")
+    return ("ipv4:" if v4 else "ipv6:") + ",".join(addresses)
 
 
 @dataclasses.dataclass
@@ -82,6 +127,9 @@ class Settings:
         for a TLS or token file that cannot be read (when the channel is made)."""
         if not self.target:
             raise invalid("target", "empty")
+        channel_target(self.target)  # a list of addresses must be IP address:port pairs
+        if self.lb_policy not in ("", "round_robin", "pick_first"):
+            raise invalid("lb_policy", f'"{self.lb_policy}" is not round_robin or pick_first')
         if self.max_message_bytes <= 0:
             raise invalid("max_message_bytes", "must be positive")
         if not self.default_timeout > 0:
@@ -109,11 +157,20 @@ class Settings:
         if not self.connect_timeout >= 0:
             raise invalid("connect_timeout", "negative")
 
+    def channel_target(self) -> str:
+        """The target the channels connect to (see channel_target())."""
+        return channel_target(self.target)
+
+    def listed(self) -> bool:
+        """Whether the target is a list of addresses (balanced round_robin by default)."""
+        return self.channel_target() != self.target
+
     def balanced(self) -> bool:
-        """Whether calls are spread over several servers (round_robin): then a resident tensor
-        made by one call may not be on the server of the next, so transfers use one stream and
-        operations are not offloaded (as the C++ client)."""
-        if self.lb_policy == "round_robin":
+        """Whether calls are spread over several servers (round_robin, also the default for a
+        list of addresses): then a resident tensor made by one call may not be on the server
+        of the next, so transfers use one stream and operations are not offloaded (as the C++
+        client)."""
+        if self.lb_policy == "round_robin" or (not self.lb_policy and self.listed()):
             return True
         return any(name == "grpc.lb_policy_name" and value == "round_robin"
                    for name, value in self.channel_options)
@@ -131,7 +188,8 @@ class Settings:
             ("grpc.max_reconnect_backoff_ms", 5000),
         ]
         if self.retries:
-            args.append(("grpc.service_config", service_config()))
+            args += [("grpc.service_config", service_config()),
+                     ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES)]
         if self.keepalive_seconds > 0:
             # The server (gRPC's defaults) accepts a ping every 5 minutes at most without
             # data; more often and it closes the connection (too_many_pings).
@@ -141,6 +199,8 @@ class Settings:
                      ("grpc.http2.max_pings_without_data", 0)]
         if self.lb_policy:
             args.append(("grpc.lb_policy_name", self.lb_policy))
+        elif self.listed():
+            args.append(("grpc.lb_policy_name", "round_robin"))
         if self.tls_server_name:
             args.append(("grpc.ssl_target_name_override", self.tls_server_name))
         if self.own_connection or connection is not None:

@@ -75,8 +75,8 @@ class Client(Operations):
     def _new_channel(self, connection: Optional[int]) -> grpc.aio.Channel:
         args = self._settings.channel_args(connection)
         if self._credentials is None:
-            return grpc.aio.insecure_channel(self._settings.target, options=args)
-        return grpc.aio.secure_channel(self._settings.target, self._credentials, options=args)
+            return grpc.aio.insecure_channel(self._settings.channel_target(), options=args)
+        return grpc.aio.secure_channel(self._settings.channel_target(), self._credentials, options=args)
 
     def _method(self, kind: str, name: str, channel: Optional[int] = None) -> Any:
         cached = self._methods.get((kind, name, channel))

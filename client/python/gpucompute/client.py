@@ -75,10 +75,13 @@ class Client(Operations):
         c = client.gemm(np.ones((64, 32), np.float32), np.ones((32, 16), np.float32))
 
     Options (the names of the C++ ClientOptions):
-      target: host:port or any gRPC target (dns:///svc:50051 with lb_policy="round_robin").
+      target: host:port or any gRPC target (dns:///svc:50051 with lb_policy="round_robin"),
+        or a comma-separated list of IP address:port pairs (replicas: "10.0.0.1:50051,
+        10.0.0.2:50051"), balanced round_robin unless lb_policy says otherwise.
       default_timeout: seconds, the deadline of a call that gives none.
       max_message_bytes: largest message sent or received (the server's default, 1 GiB).
-      lb_policy: gRPC load-balancing policy ("pick_first" when empty).
+      lb_policy: "round_robin" or "pick_first" (gRPC's load-balancing policy; when empty,
+        pick_first for one target, round_robin for a list).
       use_tls, root_certs_path, client_cert_path, client_key_path, tls_server_name: TLS; the
         paths are PEM files (no roots: the system's; client cert and key: mutual TLS, both or
         neither); tls_server_name is checked against the certificate instead of the target.
@@ -102,7 +105,10 @@ class Client(Operations):
       keepalive_seconds: ping interval on a connection with calls in flight (0: none); the
         server accepts no more than one ping in 5 minutes without data.
       retries: retry idempotent calls (every operation, Echo, GetServerInfo, ListTensors,
-        Download, the health check) on UNAVAILABLE, up to 4 attempts.
+        Download, the health check) that fail UNAVAILABLE or CANCELLED by the server (a
+        replica that died, drains or shuts down), up to 4 attempts, each through the
+        load-balancing policy again, after 50 ms doubling up to 1 s; requests of up to 64 MiB
+        (larger ones are sent once). A call the client cancels is not retried.
       bfloat16: bfloat16 results as 'ml_dtypes' (ml_dtypes.bfloat16 arrays), 'bits' (uint16)
         or 'auto' (ml_dtypes when installed).
       channel_options: extra gRPC channel arguments, (name, value) pairs.
@@ -152,8 +158,8 @@ class Client(Operations):
     def _new_channel(self, connection: Optional[int]) -> grpc.Channel:
         args = self._settings.channel_args(connection)
         if self._credentials is None:
-            return grpc.insecure_channel(self._settings.target, options=args)
-        return grpc.secure_channel(self._settings.target, self._credentials, options=args)
+            return grpc.insecure_channel(self._settings.channel_target(), options=args)
+        return grpc.secure_channel(self._settings.channel_target(), self._credentials, options=args)
 
     def _method(self, kind: str, name: str, channel: Optional[int] = None) -> Any:
         """The multicallable of `/gpucompute.v1.Compute/name` (bytes in, bytes out) on the

@@ -46,7 +46,9 @@ class Server:
         while True:
             try:
                 with open(ready) as f:
-                    self.port = json.load(f)["grpc_port"]
+                    info = json.load(f)
+                self.port = info["grpc_port"]
+                self.metrics_port = info.get("metrics_port", 0)  # 0: no metrics endpoint
                 if self.port > 0:
                     break
             except (OSError, ValueError, KeyError):
