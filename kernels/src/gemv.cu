@@ -2037,9 +2037,7 @@ Support CanImplementGemv(const GemvArgs& args, std::string_view variant) {
       if (!VectorFriendly(args))
         return Support::No(std::string(info->name) +
                            " needs A and x 16-byte aligned and lda a multiple of 16 bytes");
-      if (CeilDiv(args.m, 64) * kGemvMaxClusterSplits > 0x7fffffff)
-        return Support::No("m too large for one grid");
-      break;
+      break;  // a persistent grid: any m
     default:
       break;
   }

@@ -17,11 +17,10 @@
 //     through a cp.async ring per warp, persistent tiles) on A of up to
 //     64 MiB or with rows of up to 2048 elements: 1.0-2.4x cuBLAS (mma
 //     0.6-0.7x, batched 0.4-0.6x at 8 columns); on larger A with longer
-//     rows ours reach 0.90-0.97x and the default is the vendor fallback
-//     "cublas", named as such. The vendor also takes fp32
-//     with one column and few rows (m under a quarter of the target warps),
-//     and fp16/bf16 with one column, 2000 rows or more of 16k elements or
-//     more.
+//     rows ours reach 0.90-0.98x and the default is the vendor fallback
+//     "cublas", named as such. The vendor also takes fp32 with one column
+//     and few rows (m under a quarter of the target warps), and fp16/bf16
+//     with one column, 2000 rows or more of 16k elements or more.
 //   - One column with a quarter of the machine's warps in rows of 1k..16k
 //     elements (fp32: 1k and longer): a warp per row ("vec16").
 //   - Otherwise a warp per group of 2 or 4 rows ("batched"), with 2, 4 or 8
@@ -129,13 +128,14 @@ struct GemvTilePlan {
 };
 
 // The plan for op(A) of [m, k] when `resident` CTAs fit on the device at
-// once and a warp's step covers `step` indices of k (16 for trans_mma, 32 for
-// mma_ring): 128-row tiles with as many splits as fill the resident CTAs in
-// one wave; 64-row tiles only where they fill as many CTAs with fewer splits
-// (A^T 4096^2: 64 x 2 CTAs, 8.96 us, against 32 x 4 of 128 columns, 14.9 us);
-// `only_tile` (any size) where the caller names one. At the same split the wide tile streams
-// more bytes per step and wins (A^T 1000 x 100000 bf16, 8 splits: 53.6
-// against 71.6 us; 50000 x 1024, no split: 30.7 against 37.5).
+// once and a warp's step covers `step` indices of k (16 for trans_mma, 128 or
+// 256 for mma_ring): 128-row tiles with as many splits as fill the resident
+// CTAs in one wave; 64-row tiles only where they fill as many CTAs with fewer
+// splits (A^T 4096^2: 64 x 2 CTAs, 8.96 us, against 32 x 4 of 128 columns,
+// 14.9 us); `only_tile` (any size) where the caller names one. At the same
+// split the wide tile streams more bytes per step and wins (A^T 1000 x 100000
+// bf16, 8 splits: 53.6 against 71.6 us; 50000 x 1024, no split: 30.7 against
+// 37.5).
 inline GemvTilePlan ChooseGemvTilePlan(int64_t m, int64_t k, int64_t resident, int only_tile = 0,
                                        int64_t step = 16) {
   auto plan_for = [&](int tile) {
@@ -160,9 +160,10 @@ inline GemvTilePlan ChooseGemvTilePlan(int64_t m, int64_t k, int64_t resident, i
 // mma_ring's tile for A with m rows: 32 rows (256 bytes of each per step)
 // where such tiles leave k unsplit on `sm_count` SMs, else 16 (512 bytes of
 // each per step): twice the tiles, k split over fewer CTAs, each with more
-// steps to stream. On the sweep (2026-12-02, n = 8, bf16, us): 3001 x 2000 4.96 with 32
-// rows against 5.86 with 16, 50000 x 1024 29.5 against 41.1; 1000 x 16384
-// 16.6 (4 splits) against 10.2 (2), 1024 x 50000 49.2 against 32.6.
+// steps to stream. On the sweep (2026-12-02, n = 8, bf16, us): 3001 x 2000
+// 4.96 with 32 rows against 5.86 with 16, 50000 x 1024 29.5 against 41.1;
+// 1000 x 16384 16.6 (4 splits) against 10.2 (2), 1024 x 50000 49.2 against
+// 32.6.
 inline int ChooseGemvRingTile(int64_t m, int sm_count) {
   return (m + 31) / 32 * 2 > sm_count ? 32 : 16;
 }
@@ -203,7 +204,7 @@ inline std::string_view ChooseGemv(const GemvShape& s, int sm_count) {
   // fp16/bf16 with 5..8 columns: the tensor cores, A streamed through a
   // cp.async ring ("mma_ring"), on A of up to 64 MiB or rows of up to 2048
   // elements (1.0-2.4x cuBLAS); cuBLAS's GemmEx on larger A with longer rows
-  // (named "cublas" in the shard timings; ours 0.90-0.97x there).
+  // (named "cublas" in the shard timings; ours 0.90-0.98x there).
   if (!fp32 && s.ncols >= kGemvMmaMinColumns && s.vector_friendly &&
       (!s.vendor_ok || s.k <= kGemvRingMaxK ||
        s.m * s.k * int64_t(DTypeSize(s.dtype)) <= kGemvRingMaxBytes))
