@@ -1271,22 +1271,22 @@ __global__ void __launch_bounds__(kThreads, 1) GemvTransRingKernel(GemvParams p)
 // and x element by element from L1 (16 loads of x per 32 k per lane), and at
 // 8 columns it runs out of issue slots before HBM runs out of bytes (16384^2
 // bf16 n=8: 204 us against cuBLAS's 130).
-// A CTA owns tiles of kTileRows rows of A (16, 32 or 64) and one split of k,
-// the same for each of its tiles; it walks its tiles in turn (tile
-// blockIdx.x / p.splits, then every gridDim.x / p.splits-th: a persistent
-// grid of one CTA per SM). The tiles' steps (kTileRows rows by kStepK k, 4 KiB
-// of A) form one sequence, tile after tile, and warp w takes items w, w + 8,
-// ... of it, streaming each into a ring of kStages stages by cp.async, one
-// commit group per step: the tile's rows (2, 4 or 8 of them per warp-wide
-// copy) and the step's rows of x (contiguous, 16 bytes a lane). The ring runs
-// across tile boundaries, so the next tile's copies are in flight while the
-// warps meet. A's fragments come out of shared memory by ldmatrix (rows padded
-// by 16 bytes: the 8 rows of a matrix fall in 8 different bank groups), x's by
-// 16-bit shared loads (x[k][g] and x[k + 1][g], 0 past ncols); MMA f holds
-// rows f*16 + g (fragment row g) and + 8. At the end of each tile the warps
-// meet in shared memory (MeetWarps) and the splits of k in the cluster's
-// (ClusterCombine). A step that crosses j_end (or p.m) copies what is in A
-// and x and zero-fills the rest.
+// A CTA owns tiles of kTileRows rows of A (16 or 32) and one split of k, the
+// same for each of its tiles; it walks its tiles in turn (tile blockIdx.x /
+// p.splits, then every gridDim.x / p.splits-th: a persistent grid of one CTA
+// per SM). The tiles' steps (kTileRows rows by kStepK k: 16 x 256 or 32 x
+// 128, 8 KiB of A) form one sequence, tile after tile, and warp w takes items
+// w, w + 8, ... of it, streaming each into a ring of kStages (2) stages by
+// cp.async, one commit group per step: the tile's rows (one or two of them
+// per warp-wide copy) and the step's rows of x (contiguous, 16 bytes a
+// lane). The ring runs across tile boundaries, so the next tile's copies are
+// in flight while the warps meet. A's fragments come out of shared memory by
+// ldmatrix (rows padded by 16 bytes: the 8 rows of a matrix fall in 8
+// different bank groups), x's by 16-bit shared loads (x[k][g] and
+// x[k + 1][g], 0 past ncols); MMA f holds rows f*16 + g (fragment row g) and
+// + 8. At the end of each tile the warps meet in shared memory (MeetWarps)
+// and the splits of k in the cluster's (ClusterCombine). A step that crosses
+// j_end (or p.m) copies what is in A and x and zero-fills the rest.
 // REQUIRES: fp16 or bf16; A and x 16-byte aligned, lda a multiple of 8;
 // launched with p.splits CTAs per cluster along x, gridDim.x a multiple of
 // p.splits, p.rows_per_split a multiple of kStepK, kSmemBytes of dynamic
