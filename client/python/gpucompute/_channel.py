@@ -55,6 +55,15 @@ def service_config() -> str:
     }]})
 
 
+def _is_ip(kind: Any, text: str) -> bool:
+    """Whether `text` is an address of `kind` (ipaddress.IPv4Address or IPv6Address)."""
+    try:
+        kind(text)
+        return True
+    except ValueError:
+        return False
+
+
 def channel_target(target: str) -> str:
     """The gRPC target of `target`, as the C++ client's ChannelTarget: a comma-separated list
     of IP addresses ("10.0.0.1:50051,10.0.0.2:50051"; "localhost" is 127.0.0.1; IPv6 in
@@ -74,21 +83,14 @@ def channel_target(target: str) -> str:
             raise invalid("target", f'"{address}" in the list is not address:port')
         if host == "localhost":
             address, v4 = f"127.0.0.1:{int(port)}", True
-            addresses.append(address)
-            continue
-        try:
-            ipaddress.IPv4Address(host)
+        elif _is_ip(ipaddress.IPv4Address, host):
             v4 = True
-        except ValueError:
-            try:
-                if not (len(host) > 2 and host[0] == "[" and host[-1] == "]"):
-                    raise ValueError(host)
-                ipaddress.IPv6Address(host[1:-1])
-                v6 = True
-            except ValueError:
-                raise invalid("target", f'"{host}" in the list is not an IP address (a list is '
-                              "not resolved; for names use one dns:///name:port target that "
-                              "resolves to every replica)") from None
+        elif host[:1] == "[" and host[-1:] == "]" and _is_ip(ipaddress.IPv6Address, host[1:-1]):
+            v6 = True
+        else:
+            raise invalid("target", f'"{host}" in the list is not an IP address (a list is not '
+                          "resolved; for names use one dns:///name:port target that resolves "
+                          "to every replica)")
         addresses.append(address)
     if v4 and v6:
         raise invalid("target", "a list holds IPv4 or IPv6 addresses, not both")
