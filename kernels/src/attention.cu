@@ -47,21 +47,37 @@
 //                 prefill Sq128: 0.53-0.65x -> 1.51-1.67x the vendor): the
 //                 default went from 0.925x to 0.996x the vendor (geomean).
 //   flash_wgmma_pipelined - the same with the softmax of block n overlapping
-//                 P V of block n - 1 inside each warpgroup. A REGRESSION as
-//                 built: 0.65-0.95x flash_wgmma (at head_dim 128 the compiler
-//                 keeps the 168-register entry cap, spills 208 bytes, injects
-//                 warpgroup.arrive waits and serialises the wgmmas: ptxas
-//                 C7519 / C7512). With 96-key tiles at D128 it no longer
-//                 spills but still gets injected arrives: 0.51-0.69x the
-//                 vendor in the sweep. Kept as a measured rung.
+//                 P V of block n - 1 inside each warpgroup (FlashAttention-3's
+//                 order: both GEMMs issued together, O rescaled under Q K^T).
+//                 First built as a regression (0.51-0.69x the vendor): it
+//                 waited on a fixed ring stage at each tile's first block
+//                 (a persistent grid trapped), ptxas injected warpgroup
+//                 arrivals before P V (no wgmma fence there) and, with the
+//                 consumers' tile loop written with a break after the wait,
+//                 compiled under the 168-register entry cap instead of the
+//                 232 setmaxnreg grants (208 bytes of spills, wgmmas
+//                 serialised; ptxas C7512 / C7519). Fixed: 0.92x the vendor
+//                 (geomean over the sweep, forced; flash_wgmma 0.92x).
 //   flash_wgmma_pingpong - flash_wgmma with the consumers issuing Q K^T in
 //                 turns (named barriers), so that one's softmax runs under the
-//                 other's product: 0.91-1.02x the speed of flash_wgmma in the
-//                 sweep, a tie on most shapes. Kept as a measured rung; the
-//                 overlap inside a warpgroup is missing.
-// Best version against the floor: 576 TFLOP/s at d 128 is 58% of the ~990
-// TFLOP/s dense bf16 peak (cuDNN 605-685 on the same shapes); decode streams
-// K/V at 4.2 TB/s, the copy ceiling.
+//                 other's product: 0.89-1.02x the speed of flash_wgmma
+//                 (geomean 0.99x).
+//   flash_wgmma_overlap - both overlaps: each consumer pipelined as above and
+//                 its two GEMMs of a block issued in turns with the other
+//                 consumers: 0.99-1.17x the speed of flash_wgmma from 128
+//                 query rows (geomean 1.08x). With it (server-path sweep runs
+//                 9-12, 2026-12-02): the softmax's exp2 as ex2.approx.ftz (exp2f
+//                 wraps it in a 3-instruction range fix-up), K handed back
+//                 to the producer as soon as Q K^T has read it, causal grids
+//                 fed by a tile counter (head-major order: K/V stay in L2),
+//                 three consumers at D64 in every schedule, key tiles 176 /
+//                 96 / 80 at D128 (long unmasked rows) / D192 / D256. The
+//                 default: geomean 0.996x -> 1.152x the faster of cuDNN and
+//                 FA2, 18 -> 58 of 106 shapes >= 1.0x, minimum 0.62 -> 0.82x.
+// Best version against the floor: 692 TFLOP/s at d 128 (B1 H16 S16384,
+// non-causal, sweep run 12) is 70% of the ~990 TFLOP/s dense bf16 peak (cuDNN
+// 687 on the same shape); decode streams K/V at 4.2 TB/s, the copy ceiling.
+
 #include "gpucompute/kernels/attention.h"
 
 #include <cuda.h>
@@ -188,6 +204,8 @@ struct MmaPlan {
   int m_blocks = 1;
   int splits = 1;
   int split_len = 0;
+  bool tile_counter = false;  // a persistent grid fed by a counter (after the partials)
+  size_t counter_offset = 0;
   size_t workspace = 0;
 };
 
@@ -369,14 +387,15 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
   if (attr != cudaSuccess) return attr;
   // Persistent (one block per SM: the shared memory allows no second one)
-  // where the heuristics say so, else one tile per block. The pipelined rung
-  // keeps one tile per block: as a persistent grid it deadlocked in the
-  // kernel tests (B4 H16/4 S600 causal D64 bf16: an mbarrier wait trapped),
-  // cause not found.
+  // where there are more tiles than SMs, else one tile per block.
   const int64_t tiles =
       (a.seq_q + Tile::kBr - 1) / Tile::kBr * a.batch * a.heads_q * p.num_splits;
-  const bool persistent = kSched != kSchedPipelined && WgmmaPersistent(AttentionShapeOf(a)) &&
-                          tiles > SmCount();
+  const bool persistent = tiles > SmCount();
+  if (p.tile_counter) {
+    if (!persistent) return cudaErrorInvalidValue;  // PlanWgmma asks for it only then
+    if (cudaError_t e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream); e != cudaSuccess)
+      return e;
+  }
   dim3 grid(unsigned(persistent ? SmCount() : tiles));
   // A block that runs one tile never uses the second Q slot.
   const size_t smem = persistent ? Tile::kSmemBytes : Tile::kOneTileSmemBytes;
@@ -387,40 +406,28 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
 // Three consumer warpgroups (192 rows) at head_dim 64 for long query blocks,
 // where the softmax weighs most against the GEMMs (measured +5..10% at 4k and
 // 16k); two at 1k (192-row tiles waste a partial tile and balance causal work
-// worse: -11% causal) and at head_dim 128 (registers).
+// worse: -11% causal) and at head_dims past 64 (registers).
 template <typename M, int kSched>
 cudaError_t LaunchWgmma(const AttentionArgs& a, const AttnParams& p, cudaStream_t stream) {
-  constexpr bool kPipelined = kSched == kSchedPipelined;
   const int kd = WgmmaHeadDim(a.head_dim);
   if (kd == 64) {
-    if constexpr (!kPipelined) {
-      if (WgmmaConsumers(AttentionShapeOf(a)) == 3)
-        return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 3>(a, p, stream)
-                        : LaunchWgmmaTile<M, 64, false, kSched, 3>(a, p, stream);
-    }
+    if (WgmmaConsumers(AttentionShapeOf(a)) == 3)
+      return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 3>(a, p, stream)
+                      : LaunchWgmmaTile<M, 64, false, kSched, 3>(a, p, stream);
     return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 2>(a, p, stream)
                     : LaunchWgmmaTile<M, 64, false, kSched, 2>(a, p, stream);
   }
-  // The pipelined rung at 128 holds S of one key block, P of the one before
-  // and O: 96-key tiles keep that inside the 168 registers ptxas allows
-  // (128-key tiles spilled 208 bytes and serialised the wgmmas).
   if (kd == 128) {
-    if constexpr (kPipelined) {
-      return a.causal ? LaunchWgmmaTile<M, 128, true, kSched, 2, 96>(a, p, stream)
-                      : LaunchWgmmaTile<M, 128, false, kSched, 2, 96>(a, p, stream);
-    } else {
-      return a.causal ? LaunchWgmmaTile<M, 128, true, kSched, 2>(a, p, stream)
-                      : LaunchWgmmaTile<M, 128, false, kSched, 2>(a, p, stream);
-    }
+    if (a.causal) return LaunchWgmmaTile<M, 128, true, kSched, 2>(a, p, stream);
+    return WgmmaKeyTile(AttentionShapeOf(a)) == 176
+               ? LaunchWgmmaTile<M, 128, false, kSched, 2, 176>(a, p, stream)
+               : LaunchWgmmaTile<M, 128, false, kSched, 2>(a, p, stream);
   }
-  if constexpr (!kPipelined) {
-    if (kd == 192)
-      return a.causal ? LaunchWgmmaTile<M, 192, true, kSched, 2>(a, p, stream)
-                      : LaunchWgmmaTile<M, 192, false, kSched, 2>(a, p, stream);
-    return a.causal ? LaunchWgmmaTile<M, 256, true, kSched, 2, 32>(a, p, stream)
-                    : LaunchWgmmaTile<M, 256, false, kSched, 2, 32>(a, p, stream);
-  }
-  return cudaErrorInvalidValue;  // CheckVariant refuses it
+  if (kd == 192)
+    return a.causal ? LaunchWgmmaTile<M, 192, true, kSched, 2>(a, p, stream)
+                    : LaunchWgmmaTile<M, 192, false, kSched, 2>(a, p, stream);
+  return a.causal ? LaunchWgmmaTile<M, 256, true, kSched, 2>(a, p, stream)
+                  : LaunchWgmmaTile<M, 256, false, kSched, 2>(a, p, stream);
 }
 
 // The work tiles of flash_wgmma and their key splits.
@@ -430,17 +437,19 @@ struct WgmmaPlan {
   int bc = 128;  // keys per block
   int splits = 1;
   int split_len = 0;
+  bool tile_counter = false;  // a persistent grid fed by a counter (after the partials)
+  size_t counter_offset = 0;
   size_t workspace = 0;
 };
 
 // Mirrors LaunchWgmma's tile choice.
-WgmmaPlan PlanWgmma(const AttentionArgs& a, bool pipelined) {
+WgmmaPlan PlanWgmma(const AttentionArgs& a) {
   WgmmaPlan pl;
   pl.kd = WgmmaHeadDim(a.head_dim);
-  const int consumers =
-      (pl.kd == 64 && !pipelined && WgmmaConsumers(AttentionShapeOf(a)) == 3) ? 3 : 2;
+  const int consumers = (pl.kd == 64 && WgmmaConsumers(AttentionShapeOf(a)) == 3) ? 3 : 2;
   pl.br = 64 * consumers;
-  pl.bc = pl.kd == 128 && pipelined ? 96 : (pl.kd == 256 ? 32 : (pl.kd > 128 ? 64 : 128));
+  const int bc = WgmmaKeyTile(AttentionShapeOf(a));
+  pl.bc = bc ? bc : WgmmaDefaultKeyTile(pl.kd);
   const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q;
   const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
   const int64_t splits = WgmmaKeySplits(tiles, key_blocks, SmCount());
@@ -454,6 +463,11 @@ WgmmaPlan PlanWgmma(const AttentionArgs& a, bool pipelined) {
   } else {
     pl.split_len = 0;
   }
+  pl.tile_counter = WgmmaTileCounter(AttentionShapeOf(a)) && tiles * pl.splits > SmCount();
+  if (pl.tile_counter) {
+    pl.counter_offset = (pl.workspace + 15) / 16 * 16;
+    pl.workspace = pl.counter_offset + 16;
+  }
   return pl;
 }
 
@@ -461,9 +475,13 @@ WgmmaPlan PlanWgmma(const AttentionArgs& a, bool pipelined) {
 template <typename M, int kSched>
 cudaError_t LaunchWgmmaSplit(const AttentionArgs& a, AttnParams p, void* workspace,
                              cudaStream_t stream) {
-  const WgmmaPlan pl = PlanWgmma(a, kSched == kSchedPipelined);
-  if (pl.splits > 1) {
+  const WgmmaPlan pl = PlanWgmma(a);
+  if (pl.splits > 1 || pl.tile_counter) {
     if (!workspace) return cudaErrorInvalidValue;
+  }
+  if (pl.tile_counter)
+    p.tile_counter = reinterpret_cast<int*>(static_cast<char*>(workspace) + pl.counter_offset);
+  if (pl.splits > 1) {
     p.num_splits = pl.splits;
     p.split_len = pl.split_len;
     p.part_o = static_cast<float*>(workspace);
@@ -486,9 +504,19 @@ cudaError_t LaunchWgmmaSplit(const AttentionArgs& a, AttnParams p, void* workspa
 // ---------------------------------------------------------------------------
 
 const std::vector<std::string>& Names() {
-  static const std::vector<std::string> v = {"reference", "flash_mma", "flash_wgmma",
-                                             "flash_wgmma_pipelined", "flash_wgmma_pingpong"};
+  static const std::vector<std::string> v = {"reference",
+                                             "flash_mma",
+                                             "flash_wgmma",
+                                             "flash_wgmma_pipelined",
+                                             "flash_wgmma_pingpong",
+                                             "flash_wgmma_overlap"};
   return v;
+}
+
+// The flash_wgmma rungs (one kernel, four schedules).
+bool IsWgmma(std::string_view v) {
+  return v == "flash_wgmma" || v == "flash_wgmma_pipelined" || v == "flash_wgmma_pingpong" ||
+         v == "flash_wgmma_overlap";
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -522,13 +550,10 @@ Support CheckVariant(const AttentionArgs& a, std::string_view variant) {
     return Support::Yes();
   }
   if (variant == "flash_mma") return CheckFlash(a);
-  if (variant == "flash_wgmma" || variant == "flash_wgmma_pipelined" ||
-      variant == "flash_wgmma_pingpong") {
+  if (IsWgmma(variant)) {
     if (a.dtype == DType::kF32) return Support::No("flash_wgmma: fp16 or bf16 inputs only");
     s = CheckFlash(a);
     if (!s) return s;
-    if (variant == "flash_wgmma_pipelined" && a.head_dim > 128)
-      return Support::No("flash_wgmma_pipelined: head_dim must be <= 128 (registers)");
     if (!EncodeTiled()) return Support::No("flash_wgmma: cuTensorMapEncodeTiled unavailable");
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
@@ -594,9 +619,7 @@ size_t AttentionWorkspaceBytes(const AttentionArgs& args, std::string_view varia
   if (variant == "reference")
     return size_t(args.batch) * args.heads_q * args.seq_q * args.seq_kv * sizeof(float);
   if (variant == "flash_mma") return attention::PlanMma(args).workspace;
-  if (variant == "flash_wgmma" || variant == "flash_wgmma_pipelined" ||
-      variant == "flash_wgmma_pingpong")
-    return attention::PlanWgmma(args, variant == "flash_wgmma_pipelined").workspace;
+  if (attention::IsWgmma(variant)) return attention::PlanWgmma(args).workspace;
   return 0;
 }
 
@@ -635,20 +658,18 @@ cudaError_t LaunchAttention(const AttentionArgs& args, std::string_view variant,
     }
     return cudaErrorInvalidValue;
   }
-  if (variant == "flash_wgmma") {
-    if (args.dtype == DType::kF16)
-      return LaunchWgmmaSplit<__half, kSchedInOrder>(args, p, workspace, stream);
-    return LaunchWgmmaSplit<__nv_bfloat16, kSchedInOrder>(args, p, workspace, stream);
-  }
-  if (variant == "flash_wgmma_pingpong") {
-    if (args.dtype == DType::kF16)
-      return LaunchWgmmaSplit<__half, kSchedPingPong>(args, p, workspace, stream);
-    return LaunchWgmmaSplit<__nv_bfloat16, kSchedPingPong>(args, p, workspace, stream);
-  }
-  // flash_wgmma_pipelined
-  if (args.dtype == DType::kF16)
-    return LaunchWgmmaSplit<__half, kSchedPipelined>(args, p, workspace, stream);
-  return LaunchWgmmaSplit<__nv_bfloat16, kSchedPipelined>(args, p, workspace, stream);
+  const bool f16 = args.dtype == DType::kF16;
+  if (variant == "flash_wgmma")
+    return f16 ? LaunchWgmmaSplit<__half, kSchedInOrder>(args, p, workspace, stream)
+               : LaunchWgmmaSplit<__nv_bfloat16, kSchedInOrder>(args, p, workspace, stream);
+  if (variant == "flash_wgmma_pingpong")
+    return f16 ? LaunchWgmmaSplit<__half, kSchedPingPong>(args, p, workspace, stream)
+               : LaunchWgmmaSplit<__nv_bfloat16, kSchedPingPong>(args, p, workspace, stream);
+  if (variant == "flash_wgmma_pipelined")
+    return f16 ? LaunchWgmmaSplit<__half, kSchedPipelined>(args, p, workspace, stream)
+               : LaunchWgmmaSplit<__nv_bfloat16, kSchedPipelined>(args, p, workspace, stream);
+  return f16 ? LaunchWgmmaSplit<__half, kSchedOverlap>(args, p, workspace, stream)
+             : LaunchWgmmaSplit<__nv_bfloat16, kSchedOverlap>(args, p, workspace, stream);
 }
 
 }  // namespace gpucompute::kernels

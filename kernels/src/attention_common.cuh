@@ -41,6 +41,10 @@ struct AttnParams {
   int split_len;    // keys per split, a multiple of the key tile
   float* part_o;    // [num_splits, batch * heads_q, seq_q, head_dim]
   float* part_lse;  // [num_splits, batch * heads_q, seq_q]
+  // flash_wgmma's persistent grid: non-null, its blocks take their next work
+  // tile from this counter (zeroed before the launch) instead of a fixed
+  // stride.
+  int* tile_counter;
 };
 
 template <typename T>
@@ -203,6 +207,16 @@ __device__ __forceinline__ void MaskBlock(float (&s)[kNT][4], const int (&row)[2
   }
 }
 
+// 2^x on the special-function unit alone. ex2.approx.ftz flushes results
+// below 2^-126 to zero, which a softmax weight cannot tell from zero; exp2f
+// (ex2.approx without ftz) wraps the same instruction in a three-instruction
+// range fix-up, per element of every score tile.
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // One online-softmax step for the two rows a thread holds (values spread over
 // the 4 lanes of a quad). On return s holds P = exp(scale (x - m_new)) and
 // alpha[h] = exp(scale (m_old - m_new)), the factor the running output and sum
@@ -220,13 +234,13 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kNT][4], float (&m)[2],
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_use = (mx == -INFINITY) ? 0.f : mx;
     const float off = m_use * scale_log2;
-    alpha[h] = exp2f(m[h] * scale_log2 - off);
+    alpha[h] = Exp2Ftz(m[h] * scale_log2 - off);
     m[h] = mx;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {
-      s[j][2 * h] = exp2f(fmaf(s[j][2 * h], scale_log2, -off));
-      s[j][2 * h + 1] = exp2f(fmaf(s[j][2 * h + 1], scale_log2, -off));
+      s[j][2 * h] = Exp2Ftz(fmaf(s[j][2 * h], scale_log2, -off));
+      s[j][2 * h + 1] = Exp2Ftz(fmaf(s[j][2 * h + 1], scale_log2, -off));
       sum += s[j][2 * h] + s[j][2 * h + 1];
     }
     l[h] = l[h] * alpha[h] + sum;

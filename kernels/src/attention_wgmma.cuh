@@ -1,34 +1,46 @@
 // flash_wgmma: FlashAttention forward for Hopper (sm_90a).
 //
-// A work tile is kBr = 64 * kConsumers query rows of one (batch, query head);
-// the grid is persistent (one block per SM walks the tiles, see
-// FlashWgmmaKernel), and a block runs 1 + kConsumers warpgroups. Warpgroup 0
-// is the producer: it drops its registers (setmaxnreg) and one of its threads
-// issues the TMA copies, each tile's Q and then the K and V tiles of every key
-// block into a kStages-deep ring; each
-// tile lands on its own "full" mbarrier (transaction count), and a stage is
-// refilled only after every consumer warp has arrived on its "empty" mbarrier.
+// A work tile is kBr = 64 * kConsumers query rows of one (batch, query head)
+// against one split of the keys. A block runs 1 + kConsumers warpgroups and
+// walks one or more tiles (see FlashWgmmaKernel: a persistent grid where there
+// are more tiles than SMs). Warpgroup 0 is the producer: it drops its
+// registers (setmaxnreg) and one of its threads picks the tiles (a fixed
+// stride, or a counter in global memory) and issues the TMA copies: each
+// tile's Q into one of two slots, then the K and V tiles of every key block
+// into a kStages-deep ring. Each copy lands on its own "full" mbarrier
+// (transaction count); a K or V stage is refilled only after every consumer
+// warp has arrived on its "empty" mbarrier (K as soon as Q K^T has read it,
+// V after P V). The tile's number travels with its Q, so the consumers follow
+// whatever order the producer chose.
 // The other warpgroups are consumers, 64 query rows apiece: S = Q K^T by wgmma
 // with both operands in shared memory (K-major, 128-byte swizzle, exactly as
 // TMA wrote them), the mask and online softmax on the accumulators in
 // registers, then O += P V by wgmma with P straight from registers (the S
 // accumulator layout is the wgmma A-fragment layout) and V read N-major
-// (transposed by the instruction) from the swizzled tile. While one consumer
-// runs its softmax the others' GEMMs keep the tensor cores busy. With
-// kSchedPipelined each consumer also overlaps its own softmax of block n with
-// its P V of block n - 1 (measured slower as compiled; see attention.cu); with
-// kSchedPingPong the consumers issue their Q K^T in turns (NamedBarrierSync).
+// (transposed by the instruction) from the swizzled tile. Four schedules, one
+// rung each:
+//   kSchedInOrder   - Q K^T, wait, softmax, P V, wait; the other consumers'
+//                     GEMMs run under one's softmax.
+//   kSchedPingPong  - the same with the consumers' Q K^T issued in turns
+//                     (named barriers).
+//   kSchedPipelined - inside each consumer, Q K^T of block n and P V of block
+//                     n - 1 issued together, O rescaled under Q K^T and the
+//                     softmax of block n under P V of block n - 1
+//                     (FlashAttention-3's intra-warpgroup overlap; S, P and O
+//                     live at once).
+//   kSchedOverlap   - kSchedPipelined with each block's two GEMMs issued in
+//                     turns with the other consumers (both of FlashAttention-
+//                     3's overlaps): the default.
 //
 // Head dims: the tile is kD = 64, 128, 192 or 256 wide (WgmmaHeadDim: the
 // next of those, so that every 64-column panel holds some of D); the tensor
 // maps span the tensors' own D (a multiple of 8), so TMA zero-fills the
 // columns past it. Q K^T runs over the whole padded width (a runtime bound on
 // its k steps cost the d128 kernel 128 bytes of spills and serialised
-// wgmmas), P V too, and the columns past D are never stored. kD = 192 takes
-// 64-key tiles and kD = 256 32-key tiles, so that O and S fit the 168
-// registers of two consumers (64-key tiles at kD = 256 spilled 4.5 KB; one
-// consumer warpgroup instead ran 0.54-0.61x cuDNN, two on 32-key tiles
-// 0.62-0.64x).
+// wgmmas), P V too, and the columns past D are never stored. Key tiles: 128
+// at kD 64 and 128 (176 at kD 128 for long unmasked rows, the heuristics'
+// choice), 96 at kD 192, 80 at kD 256: the widest whose ring fits beside Q;
+// from 192 on the Q tile has one slot (kQSlots).
 //
 // Shared layouts: every tile is stored as kD / 64 column panels of
 // (rows x 64) elements, 128 bytes per row, 1024-byte aligned, swizzled by TMA
@@ -49,68 +61,58 @@ namespace gpucompute::kernels::attention {
 // How each consumer warpgroup orders its products (one rung each):
 inline constexpr int kSchedInOrder = 0;    // flash_wgmma
 inline constexpr int kSchedPipelined = 1;  // flash_wgmma_pipelined: softmax of n under P V of n - 1
-inline constexpr int kSchedPingPong = 2;   // flash_wgmma_pingpong: Q K^T issued in turns
+inline constexpr int kSchedPingPong = 2;   // flash_wgmma_pingpong: the GEMMs issued in turns
+inline constexpr int kSchedOverlap = 3;    // flash_wgmma_overlap: pipelined and in turns
 
-// The tile of a padded head dim kD_; kBc_ = 0 takes the key tile by head dim
-// (128; 64 at 192; 32 at 256).
+// Whether a schedule issues its GEMMs in turns with the other consumers.
+template <int kSched>
+inline constexpr bool kSchedInTurns = kSched == kSchedPingPong || kSched == kSchedOverlap;
+
+// The key tile a padded head dim takes unless told otherwise: 128 up to 128,
+// then 96 and 80, the widest whose K/V ring and Q tile fit shared memory.
+inline constexpr int WgmmaDefaultKeyTile(int kd) { return kd <= 128 ? 128 : (kd == 192 ? 96 : 80); }
+
+// The tile of a padded head dim kD_; kBc_ = 0 takes WgmmaDefaultKeyTile.
 template <int kD_, int kConsumers_, int kBc_ = 0>
 struct WgmmaTile {
   static constexpr int kD = kD_;
   static constexpr int kConsumers = kConsumers_;         // consumer warpgroups, 64 rows each
   static constexpr int kBr = 64 * kConsumers;            // query tile (BLOCK_M)
-  static constexpr int kBc =  // key tile (BLOCK_N)
-      kBc_ ? kBc_ : (kD == 256 ? 32 : (kD > 128 ? 64 : 128));
+  static constexpr int kBc = kBc_ ? kBc_ : WgmmaDefaultKeyTile(kD);  // key tile (BLOCK_N)
   static constexpr int kStages = kD == 64 ? 4 : 2;       // K/V ring depth
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kPanels = kD / 64;                // 128-byte column panels
   static constexpr int kQBytes = kBr * kD * 2;           // (kBr, kD)
   static constexpr int kKVBytes = kBc * kD * 2;          // (kBc, kD), one of K or V
-  // Q full and empty (two slots each), K full, V full and K/V empty per stage.
-  static constexpr int kBarrierBytes = 8 * (4 + 3 * kStages);
+  // Q full and empty (two slots each), then per stage K full, V full, K
+  // empty and V empty (K is handed back as soon as Q K^T has read it), then
+  // the work tile of each Q slot (4 bytes each).
+  static constexpr int kBarrierBytes = 8 * (4 + 4 * kStages) + 8;
   // From the 1024-aligned base: Q slot 0, the K ring, the V ring, the
   // barriers, then Q slot 1 (the next tile's Q loads while this one's is
-  // still read), which only a persistent grid uses: a grid of one tile per
-  // block is launched with kOneTileSmemBytes.
-  static constexpr size_t kQ1Offset =
-      (size_t(kQBytes) + 2 * size_t(kStages) * kKVBytes + kBarrierBytes + 1023) / 1024 * 1024;
-  static constexpr size_t kOneTileSmemBytes =
-      1024 + kQBytes + 2 * size_t(kStages) * kKVBytes + kBarrierBytes;
-  static constexpr size_t kSmemBytes = 1024 + kQ1Offset + kQBytes;
+  // still read) where it fits; only a persistent grid uses it: a grid of one
+  // tile per block is launched with kOneTileSmemBytes.
+  static constexpr size_t kRingEnd = size_t(kQBytes) + 2 * size_t(kStages) * kKVBytes;
+  static constexpr size_t kQ1Offset = (kRingEnd + kBarrierBytes + 1023) / 1024 * 1024;
+  static constexpr size_t kOneTileSmemBytes = 1024 + kRingEnd + kBarrierBytes;
+  static constexpr int kQSlots = 1024 + kQ1Offset + kQBytes <= 227 * 1024 ? 2 : 1;
+  static constexpr size_t kSmemBytes =
+      kQSlots == 2 ? 1024 + kQ1Offset + kQBytes : kOneTileSmemBytes;
   static constexpr int kProducerRegs = kConsumers == 3 ? 24 : 40;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : 240);
   static_assert(kD % 64 == 0 && kD <= 256, "padded head_dim 64, 128, 192 or 256");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "one to three consumer warpgroups");
-  // ptxas compiles the consumers under the launch's cap (65536 / kThreads
-  // registers), whatever setmaxnreg grants them later: a padded head dim of
-  // 256 (128 accumulator registers for O alone) takes one consumer or 32-key
-  // tiles (two consumers on 64-key tiles spilled 4.5 KB and serialised the
-  // wgmmas).
-  static_assert(kD < 256 || kConsumers == 1 || kBc <= 32,
-                "head_dim 256 runs one consumer warpgroup or 32-key tiles");
+  // ptxas allocates the consumers' code under the count setmaxnreg raises
+  // them to (the kernel's launch bounds fix the count at entry): at kD = 256
+  // two consumers on 80-key tiles (O 128 registers, S 40, P 20) compile
+  // without spills in order (4 bytes pipelined), kD = 128 on 176-key tiles
+  // (O 64, S 88, P 44) without any.
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "register budget of one block per SM");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one SM");
+  static_assert(kOneTileSmemBytes <= 227 * 1024, "shared memory of one SM");
 };
 
-// S (+)= A B^T with A and B both K-major in shared memory, N = 32.
-template <typename M>
-__device__ __forceinline__ void WgmmaSS32(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
-                                          int scale_d) {
-#define GC_ATTN_SS32(TYPES)                                                               \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" GC_WGMMA_OP("m64n32k16", TYPES, \
-                                                                         GC_WGMMA_D16)   \
-               "%16, %17, p, 1, 1, 0, 0;\n}\n"                                           \
-               : GC_WGMMA_ACC16(d)                                                       \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_SS32("f16.f16");
-  } else {
-    GC_ATTN_SS32("bf16.bf16");
-  }
-#undef GC_ATTN_SS32
-}
-
-// The same with N = 64.
+// S (+)= A B^T with A and B both K-major in shared memory, N = 64.
 template <typename M>
 __device__ __forceinline__ void WgmmaSS64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                           int scale_d) {
@@ -126,6 +128,23 @@ __device__ __forceinline__ void WgmmaSS64(float (&d)[32], uint64_t desc_a, uint6
     GC_ATTN_SS64("bf16.bf16");
   }
 #undef GC_ATTN_SS64
+}
+
+// The same with N = 80.
+template <typename M>
+__device__ __forceinline__ void WgmmaSS80(float (&d)[40], uint64_t desc_a, uint64_t desc_b,
+                                          int scale_d) {
+#define GC_ATTN_SS80(TYPES)                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n" GC_WGMMA_OP(             \
+                   "m64n80k16", TYPES, GC_WGMMA_D40) "%40, %41, p, 1, 1, 0, 0;\n}\n" \
+               : GC_WGMMA_ACC40(d)                                                   \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+  if constexpr (std::is_same_v<M, __half>) {
+    GC_ATTN_SS80("f16.f16");
+  } else {
+    GC_ATTN_SS80("bf16.bf16");
+  }
+#undef GC_ATTN_SS80
 }
 
 // The same with N = 96.
@@ -162,6 +181,23 @@ __device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint
     GC_ATTN_SS128("bf16.bf16");
   }
 #undef GC_ATTN_SS128
+}
+
+// The same with N = 176.
+template <typename M>
+__device__ __forceinline__ void WgmmaSS176(float (&d)[88], uint64_t desc_a, uint64_t desc_b,
+                                           int scale_d) {
+#define GC_ATTN_SS176(TYPES)                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" GC_WGMMA_OP(              \
+                   "m64n176k16", TYPES, GC_WGMMA_D88) "%88, %89, p, 1, 1, 0, 0;\n}\n" \
+               : GC_WGMMA_ACC88(d)                                                    \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+  if constexpr (std::is_same_v<M, __half>) {
+    GC_ATTN_SS176("f16.f16");
+  } else {
+    GC_ATTN_SS176("bf16.bf16");
+  }
+#undef GC_ATTN_SS176
 }
 
 // O += P V with P (m64 x k16) in registers and V N-major in shared memory, N = 64.
@@ -254,23 +290,27 @@ __device__ __forceinline__ void WgmmaPV(float (&d)[kD / 2], const uint32_t (&a)[
 template <typename M, int kBc>
 __device__ __forceinline__ void WgmmaQK(float (&d)[kBc / 2], uint64_t desc_a, uint64_t desc_b,
                                         int scale_d) {
-  if constexpr (kBc == 32) {
-    WgmmaSS32<M>(d, desc_a, desc_b, scale_d);
-  } else if constexpr (kBc == 64) {
+  static_assert(kBc == 64 || kBc == 80 || kBc == 96 || kBc == 128 || kBc == 176,
+                "key tiles of 64, 80, 96, 128 or 176");
+  if constexpr (kBc == 64) {
     WgmmaSS64<M>(d, desc_a, desc_b, scale_d);
+  } else if constexpr (kBc == 80) {
+    WgmmaSS80<M>(d, desc_a, desc_b, scale_d);
   } else if constexpr (kBc == 96) {
     WgmmaSS96<M>(d, desc_a, desc_b, scale_d);
-  } else {
+  } else if constexpr (kBc == 128) {
     WgmmaSS128<M>(d, desc_a, desc_b, scale_d);
+  } else {
+    WgmmaSS176<M>(d, desc_a, desc_b, scale_d);
   }
 }
 
-// Ping-pong (kSchedPingPong): consumer warpgroup cw issues its Q K^T only
-// after the previous one (cw - 1, cyclically) has issued its own, on named
-// barrier 1 + cw (256 threads: its 128 syncing, the previous one's 128
-// arriving). The warpgroups' Q K^T products then run in turns on the tensor
-// cores, each one's softmax under the others' products. The last warpgroup
-// arrives once at the start so that the first one may begin.
+// In turns (kSchedPingPong, kSchedOverlap): consumer warpgroup cw issues its
+// GEMMs of a key block only after the previous one (cw - 1, cyclically) has
+// issued its own, on named barrier 1 + cw (256 threads: its 128 syncing, the
+// previous one's 128 arriving). The warpgroups' products then run in turns on
+// the tensor cores, each one's softmax under the others' products. The last
+// warpgroup arrives once at the start so that the first one may begin.
 __device__ __forceinline__ void NamedBarrierSync(int id) {
   asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
 }
@@ -278,15 +318,31 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
 
+// The mbarriers, 8 bytes each from `base`: Q full (two slots), then per stage
+// K full, V full, K empty and V empty, then Q empty (two slots); then the
+// work tile whose Q each slot holds (-1: no more tiles).
+template <int kStages>
+struct WgmmaBars {
+  uint32_t base;
+  __device__ uint32_t q(int slot) const { return base + 8u * slot; }
+  __device__ uint32_t kfull(int s) const { return base + 8u * (2 + s); }
+  __device__ uint32_t vfull(int s) const { return base + 8u * (2 + kStages + s); }
+  __device__ uint32_t kempty(int s) const { return base + 8u * (2 + 2 * kStages + s); }
+  __device__ uint32_t vempty(int s) const { return base + 8u * (2 + 3 * kStages + s); }
+  __device__ uint32_t qempty(int slot) const { return base + 8u * (2 + 4 * kStages + slot); }
+  __device__ uint32_t tile(int slot) const { return base + 8u * (4 + 4 * kStages) + 4u * slot; }
+};
+
 // One work tile: kBr query rows of one (batch, query head) against one split
 // of the keys (all of them when p.num_splits is 1). Tiles are numbered
 // head-major, then by query block (the longest causal block first), then by
 // split: the tiles that read the same K and V run close together in time.
-// A persistent grid under the causal mask (by_weight) numbers them by weight
-// instead, the longest query blocks of every head first: block b takes tiles
-// b, b + gridDim.x, ..., so every block gets one of each weight (numbered
-// head-major, a block whose stride is a multiple of the query blocks per head
-// got the same weight every time: 1.5-1.75x slower in sweep run 3).
+// Under the causal mask a persistent grid takes them from the counter, so
+// each block gets the next tile when it is free (a fixed stride over tiles
+// numbered by weight, sweep runs 4-8, balanced the work but spread each
+// head's tiles over the whole run: K and V were read from HBM once per query
+// block where they outgrow L2; the counter took B16 H16 S1024 D128 causal
+// from 0.79x to 0.96x cuDNN).
 struct WgmmaWork {
   int m0;         // first query row
   int bh;         // batch * heads_q + head
@@ -297,20 +353,12 @@ struct WgmmaWork {
 };
 
 template <typename Tile, bool kCausal>
-__device__ __forceinline__ WgmmaWork WgmmaTileWork(const AttnParams& p, int tile, int m_blocks,
-                                                   bool by_weight) {
+__device__ __forceinline__ WgmmaWork WgmmaTileWork(const AttnParams& p, int tile, int m_blocks) {
   WgmmaWork w;
   w.split = tile % p.num_splits;
   const int qt = tile / p.num_splits;
-  int m_block;
-  if (kCausal && by_weight) {
-    const int heads = p.batch * p.heads_q;
-    m_block = m_blocks - 1 - qt / heads;
-    w.bh = qt % heads;
-  } else {
-    m_block = kCausal ? m_blocks - 1 - qt % m_blocks : qt % m_blocks;
-    w.bh = qt / m_blocks;
-  }
+  const int m_block = kCausal ? m_blocks - 1 - qt % m_blocks : qt % m_blocks;
+  w.bh = qt / m_blocks;
   const int b = w.bh / p.heads_q, h = w.bh % p.heads_q;
   w.bkv = b * p.heads_kv + h / p.group;
   w.m0 = m_block * Tile::kBr;
@@ -326,17 +374,19 @@ __device__ __forceinline__ WgmmaWork WgmmaTileWork(const AttnParams& p, int tile
 }
 
 template <typename M, typename Tile, bool kCausal, int kSched>
-__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw,
-                                              const WgmmaWork& work, int kv0, int q_use, uint32_t s_q, uint32_t s_k,
-                                              uint32_t s_v, uint32_t bars);
+__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const WgmmaWork& work,
+                                              int kv0, int q_slot, uint32_t s_q, uint32_t s_k,
+                                              uint32_t s_v, const WgmmaBars<Tile::kStages>& bar);
 
-// gridDim.x blocks walk the work tiles blockIdx.x, blockIdx.x + gridDim.x, ...
-// (persistent with one block per SM, or one tile per block; the heuristics
-// choose). The producer runs ahead across tiles: Q has two slots, so the next
-// tile's Q loads (once every consumer warp is done with the tile that used
-// that slot before, on its "q empty" mbarrier) together with its first K/V
-// tiles while the consumers still work on the current one. The K/V ring's
-// stage and phase follow a block count that runs on across tiles.
+// Block b starts with tile b and takes the next from p.tile_counter when it
+// is set (zeroed before the launch; tiles gridDim.x, gridDim.x + 1, ... in
+// the order the blocks ask), else tiles b + gridDim.x, b + 2 gridDim.x, ...
+// (a persistent grid with one block per SM, or one tile per block). The
+// producer runs ahead across tiles: Q has up to two slots, so the next tile's
+// Q loads (once every consumer warp is done with the tile that used that slot
+// before, on its "q empty" mbarrier) together with its first K/V tiles while
+// the consumers still work on the current one. The K/V ring's stage and phase
+// follow a block count that runs on across tiles.
 template <typename M, typename Tile, bool kCausal, int kSched>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     FlashWgmmaKernel(const __grid_constant__ CUtensorMap tmap_q,
@@ -350,80 +400,101 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const uint32_t s_k = s_q + Tile::kQBytes;                 // + stage * kKVBytes
   const uint32_t s_v = s_k + kStages * Tile::kKVBytes;      // + stage * kKVBytes
   const uint32_t bars = s_v + kStages * Tile::kKVBytes;
-  auto bar_q = [&](int slot) { return bars + 8u * slot; };
-  auto bar_kfull = [&](int s) { return bars + 8u * (2 + s); };
-  auto bar_vfull = [&](int s) { return bars + 8u * (2 + kStages + s); };
-  auto bar_empty = [&](int s) { return bars + 8u * (2 + 2 * kStages + s); };
-  auto bar_qempty = [&](int slot) { return bars + 8u * (2 + 3 * kStages + slot); };
+  const WgmmaBars<kStages> bar{bars};
 
   const int wg = threadIdx.x / 128;
   const int m_blocks = (p.seq_q + kBr - 1) / kBr;
   const int ntiles = m_blocks * p.batch * p.heads_q * p.num_splits;
-  const bool by_weight = int(gridDim.x) < ntiles;  // persistent
 
   if (threadIdx.x == 0) {
     for (int slot = 0; slot < 2; ++slot) {
-      sm90::MbarInit(bar_q(slot), 1);
-      sm90::MbarInit(bar_qempty(slot), 4 * Tile::kConsumers);  // one arrival per consumer warp
+      sm90::MbarInit(bar.q(slot), 1);
+      sm90::MbarInit(bar.qempty(slot), 4 * Tile::kConsumers);  // one per consumer warp
     }
     for (int s = 0; s < kStages; ++s) {
-      sm90::MbarInit(bar_kfull(s), 1);
-      sm90::MbarInit(bar_vfull(s), 1);
-      sm90::MbarInit(bar_empty(s), 4 * Tile::kConsumers);
+      sm90::MbarInit(bar.kfull(s), 1);
+      sm90::MbarInit(bar.vfull(s), 1);
+      sm90::MbarInit(bar.kempty(s), 4 * Tile::kConsumers);
+      sm90::MbarInit(bar.vempty(s), 4 * Tile::kConsumers);
     }
     sm90::FenceMbarrierInit();
   }
   __syncthreads();
 
   if (wg == 0) {
-    // Producer: one thread issues every copy.
+    // Producer: one thread picks the tiles and issues every copy. Each tile's
+    // number goes to the consumers with its Q (written before the arrival on
+    // the slot's "q full" barrier, read after the wait on it); -1 ends.
     sm90::SetMaxRegistersDec<Tile::kProducerRegs>();
     if (threadIdx.x == 0) {
       constexpr uint32_t kQTx = uint32_t(Tile::kPanels * kBr * 128);
       constexpr uint32_t kKVTx = uint32_t(Tile::kPanels * kBc * 128);
       int kv = 0, q_use = 0;
-      for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        const WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks, by_weight);
-        if (w.nblocks == 0) continue;
-        const int slot = q_use & 1;
-        if (q_use >= 2) sm90::MbarWaitOrTrap(bar_qempty(slot), ((q_use >> 1) - 1) & 1);
-        sm90::MbarArriveExpectTx(bar_q(slot), kQTx);
+      // Waits until the consumers are done with the next Q slot; returns it.
+      auto claim_slot = [&] {
+        const int slot = q_use % Tile::kQSlots, q_round = q_use / Tile::kQSlots;
+        if (q_round > 0) sm90::MbarWaitOrTrap(bar.qempty(slot), (q_round - 1) & 1);
+        return slot;
+      };
+      for (int tile = blockIdx.x; tile < ntiles;
+           tile = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                                 : tile + int(gridDim.x)) {
+        const WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks);
+        const int slot = claim_slot();
+        ++q_use;
+        sm90::StShared32(bar.tile(slot), uint32_t(tile));
+        if (w.nblocks == 0) {
+          // Rows that see no key (or an empty key split): written, not read.
+          sm90::MbarArrive(bar.q(slot));
+          continue;
+        }
+        sm90::MbarArriveExpectTx(bar.q(slot), kQTx);
 #pragma unroll
         for (int c = 0; c < Tile::kPanels; ++c)
           sm90::TmaLoad3d((slot ? s_q1 : s_q) + c * kBr * 128, &tmap_q, 64 * c, w.m0, w.bh,
-                          bar_q(slot));
+                          bar.q(slot));
         for (int n = 0; n < w.nblocks; ++n) {
           const int g = kv + n, st = g % kStages, use = g / kStages;
-          if (use > 0) sm90::MbarWaitOrTrap(bar_empty(st), (use - 1) & 1);
-          sm90::MbarArriveExpectTx(bar_kfull(st), kKVTx);
+          if (use > 0) sm90::MbarWaitOrTrap(bar.kempty(st), (use - 1) & 1);
+          sm90::MbarArriveExpectTx(bar.kfull(st), kKVTx);
 #pragma unroll
           for (int c = 0; c < Tile::kPanels; ++c)
             sm90::TmaLoad3d(s_k + st * Tile::kKVBytes + c * kBc * 128, &tmap_k, 64 * c,
-                            w.key_begin + n * kBc, w.bkv, bar_kfull(st));
-          sm90::MbarArriveExpectTx(bar_vfull(st), kKVTx);
+                            w.key_begin + n * kBc, w.bkv, bar.kfull(st));
+          if (use > 0) sm90::MbarWaitOrTrap(bar.vempty(st), (use - 1) & 1);
+          sm90::MbarArriveExpectTx(bar.vfull(st), kKVTx);
 #pragma unroll
           for (int c = 0; c < Tile::kPanels; ++c)
             sm90::TmaLoad3d(s_v + st * Tile::kKVBytes + c * kBc * 128, &tmap_v, 64 * c,
-                            w.key_begin + n * kBc, w.bkv, bar_vfull(st));
+                            w.key_begin + n * kBc, w.bkv, bar.vfull(st));
         }
         kv += w.nblocks;
-        ++q_use;
       }
+      const int slot = claim_slot();
+      sm90::StShared32(bar.tile(slot), uint32_t(-1));
+      sm90::MbarArrive(bar.q(slot));
     }
   } else {
-    // Consumers.
+    // Consumers: the tiles the producer hands over, until -1.
     sm90::SetMaxRegistersInc<Tile::kConsumerRegs>();
-    if constexpr (kSched == kSchedPingPong && Tile::kConsumers > 1) {
+    if constexpr (kSchedInTurns<kSched> && Tile::kConsumers > 1) {
       if (wg == Tile::kConsumers) NamedBarrierArrive(1);
     }
+    // (Written as a loop on the tile number: the same loop with a break
+    // after the wait compiled under the 168-register entry cap, with 208
+    // bytes of spills and serialised wgmmas at head_dim 128.)
     int kv = 0, q_use = 0;
-    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-      const WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks, by_weight);
-      ConsumeBlocks<M, Tile, kCausal, kSched>(p, wg - 1, w, kv, q_use, s_q, s_k, s_v, bars);
-      if (w.nblocks > 0) {
-        kv += w.nblocks;
-        ++q_use;
-      }
+    auto next_tile = [&] {
+      const int slot = q_use % Tile::kQSlots;
+      sm90::MbarWaitOrTrap(bar.q(slot), uint32_t((q_use / Tile::kQSlots) & 1));
+      return int(sm90::LdShared32(bar.tile(slot)));
+    };
+    for (int tile = next_tile(); tile >= 0; tile = next_tile()) {
+      const WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks);
+      ConsumeBlocks<M, Tile, kCausal, kSched>(p, wg - 1, w, kv, q_use % Tile::kQSlots, s_q, s_k,
+                                              s_v, bar);
+      kv += w.nblocks;
+      ++q_use;
     }
   }
 }
@@ -431,23 +502,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 // The consumer warpgroup `cw`: its 64 query rows of one work tile against
 // every key block of the tile, then the epilogue (the output, or with key
 // splits the fp32 partial output and LSE that CombineSplitsKernel merges).
-// kv0 is the ring's block count at the tile's first block; q_use counts the
-// Q tiles loaded before this one.
+// kv0 is the ring's block count at the tile's first block; the tile's Q has
+// landed in slot q_slot (a tile without key blocks only writes its rows).
 template <typename M, typename Tile, bool kCausal, int kSched>
 __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const WgmmaWork& work,
-                                              int kv0, int q_use, uint32_t s_q, uint32_t s_k,
-                                              uint32_t s_v, uint32_t bars) {
+                                              int kv0, int q_slot, uint32_t s_q, uint32_t s_k,
+                                              uint32_t s_v, const WgmmaBars<Tile::kStages>& bar) {
   const int m0 = work.m0, bh = work.bh, nblocks = work.nblocks;
-  constexpr bool kPingPong = kSched == kSchedPingPong && Tile::kConsumers > 1;
+  constexpr bool kInTurns = kSchedInTurns<kSched> && Tile::kConsumers > 1;
+  constexpr bool kPipelined = kSched == kSchedPipelined || kSched == kSchedOverlap;
   constexpr int kD = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kStages = Tile::kStages;
   constexpr int kNT = kBc / 8;  // n8 tiles of S per row slice
   constexpr int kDT = kD / 8;   // n8 tiles of O per row slice
-  auto bar_kfull = [&](int s) { return bars + 8u * (2 + s); };
-  auto bar_vfull = [&](int s) { return bars + 8u * (2 + kStages + s); };
-  auto bar_empty = [&](int s) { return bars + 8u * (2 + 2 * kStages + s); };
-  const int q_slot = q_use & 1;
-  const uint32_t bar_q = bars + 8u * q_slot;
-  const uint32_t bar_qempty = bars + 8u * (2 + 3 * kStages + q_slot);
   auto stage = [&](int n) { return (kv0 + n) % kStages; };
   const int ltid = threadIdx.x & 127, w = ltid >> 5, lane = ltid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -465,16 +531,19 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float alpha[2] = {1.f, 1.f};  // O's scale from the last softmax, not yet applied
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(s);
   float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
 
   // This warpgroup's 64 rows of every panel of the tile's Q slot.
   const uint32_t q_rows = (q_slot ? s_q + uint32_t(Tile::kQ1Offset) : s_q) + 64 * cw * 128;
-  uint32_t pa[kBc / 16][4];                      // P of the block whose P V is next
+  uint32_t pa[kBc / 16][4];  // P of the block whose P V is next
 
   // S = Q K^T of block n, issued and committed (not waited for).
   auto issue_qk = [&](int n) {
     const uint32_t k_tile = s_k + stage(n) * Tile::kKVBytes;
+    sm90::FenceRegisters(s_flat);
+    sm90::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint64_t da =
@@ -488,20 +557,23 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const
   // O += P V of block n, issued and committed.
   auto issue_pv = [&](int n) {
     const uint32_t v_tile = s_v + stage(n) * Tile::kKVBytes;
+    sm90::FenceRegisters(o_flat);
+    sm90::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
       WgmmaPV<M, kD>(o_flat, pa[kk], sm90::MakeSmemDesc(v_tile + kk * 16 * 128, kBc * 128, 1024));
     sm90::WgmmaCommit();
   };
-  // Mask and online softmax of block n's S (in place: S becomes P, fp32).
-  auto softmax = [&](int n, float (&alpha)[2]) {
+  // Mask and online softmax of block n's S (in place: S becomes P, fp32);
+  // alpha is what O must be scaled by before P V of block n.
+  auto softmax = [&](int n) {
     const int n0 = work.key_begin + n * kBc;
     const bool need_mask =
         n0 + kBc > p.seq_kv || (kCausal && n0 + kBc - 1 > wg_row0 + p.causal_off);
     if (need_mask) MaskBlock<kNT>(s, row, n0 + 2 * t, p.seq_kv, kCausal, p.causal_off);
     OnlineSoftmax<kNT>(s, m, l, alpha, p.scale_log2);
   };
-  auto rescale_and_pack = [&](const float (&alpha)[2]) {
+  auto rescale_o = [&] {
 #pragma unroll
     for (int j = 0; j < kDT; ++j) {
       o[j][0] *= alpha[0];
@@ -509,6 +581,8 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const
       o[j][2] *= alpha[1];
       o[j][3] *= alpha[1];
     }
+  };
+  auto pack_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
       pa[kk][0] = PackPair<M>(s[2 * kk][0], s[2 * kk][1]);
@@ -517,82 +591,80 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const
       pa[kk][3] = PackPair<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   };
-  auto release = [&](int n) {
+  // Hands a stage's K or V tile back to the producer (one arrival per warp).
+  auto release = [&](uint32_t empty_bar) {
     __syncwarp();
-    if (lane == 0) sm90::MbarArrive(bar_empty(stage(n)));
+    if (lane == 0) sm90::MbarArrive(empty_bar);
   };
   auto parity = [&](int n) { return uint32_t(((kv0 + n) / kStages) & 1); };
+  auto turn_begin = [&] {
+    if constexpr (kInTurns) NamedBarrierSync(1 + cw);
+  };
+  auto turn_end = [&] {
+    if constexpr (kInTurns) NamedBarrierArrive(1 + (cw + 1) % Tile::kConsumers);
+  };
 
-  if (nblocks > 0) sm90::MbarWaitOrTrap(bar_q, uint32_t((q_use >> 1) & 1));
-  if constexpr (kSched != kSchedPipelined) {
+  if constexpr (!kPipelined) {
     // Each block in order: Q K^T, wait, softmax, P V, wait.
     for (int n = 0; n < nblocks; ++n) {
-      sm90::MbarWaitOrTrap(bar_kfull(stage(n)), parity(n));
-      sm90::FenceRegisters(s_flat);
-      sm90::WgmmaFence();
-      if constexpr (kPingPong) NamedBarrierSync(1 + cw);
+      sm90::MbarWaitOrTrap(bar.kfull(stage(n)), parity(n));
+      turn_begin();
       issue_qk(n);
-      if constexpr (kPingPong) NamedBarrierArrive(1 + (cw + 1) % Tile::kConsumers);
+      turn_end();
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(s_flat);
-      float alpha[2];
-      softmax(n, alpha);
-      rescale_and_pack(alpha);
-      sm90::MbarWaitOrTrap(bar_vfull(stage(n)), parity(n));
-      sm90::FenceRegisters(o_flat);
-      sm90::WgmmaFence();
+      release(bar.kempty(stage(n)));
+      softmax(n);
+      rescale_o();
+      pack_p();
+      sm90::MbarWaitOrTrap(bar.vfull(stage(n)), parity(n));
       issue_pv(n);
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(o_flat);
-      release(n);
+      release(bar.vempty(stage(n)));
     }
   } else if (nblocks > 0) {
-    // Software pipeline inside the warpgroup: Q K^T of block n and P V of
-    // block n - 1 are in flight together; the softmax of block n runs while
-    // P V of block n - 1 still executes.
-    sm90::MbarWaitOrTrap(bar_kfull(0), 0);
-    sm90::FenceRegisters(s_flat);
-    sm90::WgmmaFence();
+    // Software pipeline inside the warpgroup (FlashAttention-3's order): Q K^T
+    // of block n and P V of block n - 1 are issued together; O is rescaled
+    // while Q K^T runs, and the softmax of block n runs while P V of block
+    // n - 1 still executes.
+    sm90::MbarWaitOrTrap(bar.kfull(stage(0)), parity(0));
+    turn_begin();
     issue_qk(0);
+    turn_end();
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(s_flat);
-    {
-      float alpha[2];
-      softmax(0, alpha);
-      rescale_and_pack(alpha);
-    }
+    release(bar.kempty(stage(0)));
+    softmax(0);
+    pack_p();
     for (int n = 1; n < nblocks; ++n) {
-      sm90::MbarWaitOrTrap(bar_kfull(stage(n)), parity(n));
-      sm90::FenceRegisters(s_flat);
-      sm90::FenceRegisters(o_flat);
-      sm90::WgmmaFence();
+      sm90::MbarWaitOrTrap(bar.kfull(stage(n)), parity(n));
+      turn_begin();
       issue_qk(n);
-      sm90::MbarWaitOrTrap(bar_vfull(stage(n - 1)), parity(n - 1));
+      rescale_o();
+      sm90::MbarWaitOrTrap(bar.vfull(stage(n - 1)), parity(n - 1));
       issue_pv(n - 1);
+      turn_end();
       sm90::WgmmaWait<1>();  // S of block n is ready; P V of block n - 1 may still run
       sm90::FenceRegisters(s_flat);
-      float alpha[2];
-      softmax(n, alpha);
+      release(bar.kempty(stage(n)));
+      softmax(n);
       sm90::WgmmaWait<0>();
       sm90::FenceRegisters(o_flat);
-      release(n - 1);
-      rescale_and_pack(alpha);
+      release(bar.vempty(stage(n - 1)));
+      pack_p();
     }
-    sm90::MbarWaitOrTrap(bar_vfull(stage(nblocks - 1)), parity(nblocks - 1));
-    sm90::FenceRegisters(o_flat);
-    sm90::WgmmaFence();
+    rescale_o();
+    sm90::MbarWaitOrTrap(bar.vfull(stage(nblocks - 1)), parity(nblocks - 1));
     issue_pv(nblocks - 1);
     sm90::WgmmaWait<0>();
     sm90::FenceRegisters(o_flat);
-    release(nblocks - 1);
+    release(bar.vempty(stage(nblocks - 1)));
   }
 
   // Every product that reads Q has completed: the producer may load the next
-  // tile's Q while this one's epilogue runs.
-  if (nblocks > 0) {
-    __syncwarp();
-    if (lane == 0) sm90::MbarArrive(bar_qempty);
-  }
+  // tile's Q (or hand over the next tile) while this one's epilogue runs.
+  release(bar.qempty(q_slot));
 
   float inv[2], lse[2];
   FinishRows(m, l, inv, lse, p.scale);

@@ -87,6 +87,18 @@ __device__ __forceinline__ void MbarWaitOrTrap(uint32_t bar, uint32_t parity) {
   } while (!MbarTryWait(bar, parity));
 }
 
+// 32-bit store and load at shared-memory address `addr`, ordered with the
+// mbarrier operations around them (a value written before an arrival is read
+// after the wait on it).
+__device__ __forceinline__ void StShared32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t LdShared32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // --- TMA ----------------------------------------------------------------------
 
 // Copies one box of the 3-D tensor map `map` (a __grid_constant__ kernel
@@ -159,20 +171,29 @@ __device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo, ui
 // "{%0, %1, ..., %<N-1>}" of an m64nNk* instruction's fp32 accumulators, and
 // GC_WGMMA_ACC<N>(d) the matching read-write operands d[0..N-1] (the asm's
 // first N outputs). GC_WGMMA_OP spells the instruction up to its accumulators.
-#define GC_WGMMA_D16 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define GC_WGMMA_D32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define GC_WGMMA_D40                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39}"
+#define GC_WGMMA_D48                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
 #define GC_WGMMA_D64 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define GC_WGMMA_D48 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+#define GC_WGMMA_D88                                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}"
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87}"
 #define GC_WGMMA_D96 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -189,15 +210,17 @@ __device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo, ui
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
-#define GC_WGMMA_ACC8(d, i)                                                           \
+#define GC_WGMMA_ACC8(d, i)                                                                   \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
-#define GC_WGMMA_ACC16(d) GC_WGMMA_ACC8(d, 0), GC_WGMMA_ACC8(d, 8)
 #define GC_WGMMA_ACC32(d) \
   GC_WGMMA_ACC8(d, 0), GC_WGMMA_ACC8(d, 8), GC_WGMMA_ACC8(d, 16), GC_WGMMA_ACC8(d, 24)
-#define GC_WGMMA_ACC48(d) GC_WGMMA_ACC32(d), GC_WGMMA_ACC8(d, 32), GC_WGMMA_ACC8(d, 40)
+#define GC_WGMMA_ACC88(d) \
+  GC_WGMMA_ACC64(d), GC_WGMMA_ACC8(d, 64), GC_WGMMA_ACC8(d, 72), GC_WGMMA_ACC8(d, 80)
 #define GC_WGMMA_ACC96(d) GC_WGMMA_ACC64(d), GC_WGMMA_ACC8(d, 64), GC_WGMMA_ACC8(d, 72), \
       GC_WGMMA_ACC8(d, 80), GC_WGMMA_ACC8(d, 88)
+#define GC_WGMMA_ACC40(d) GC_WGMMA_ACC32(d), GC_WGMMA_ACC8(d, 32)
+#define GC_WGMMA_ACC48(d) GC_WGMMA_ACC32(d), GC_WGMMA_ACC8(d, 32), GC_WGMMA_ACC8(d, 40)
 #define GC_WGMMA_ACC64(d) GC_WGMMA_ACC32(d), GC_WGMMA_ACC8(d, 32), GC_WGMMA_ACC8(d, 40), \
       GC_WGMMA_ACC8(d, 48), GC_WGMMA_ACC8(d, 56)
 #define GC_WGMMA_ACC128(d) GC_WGMMA_ACC64(d), GC_WGMMA_ACC8(d, 64), GC_WGMMA_ACC8(d, 72), \

@@ -194,15 +194,15 @@ std::vector<Case> AllCases() {
       {1, 2, 1, 1, 1, 128, true},
       {2, 2, 2, 17, 17, 64, true},
       {2, 2, 2, 17, 17, 128, false, false, false, true},
-      {1, 4, 1, 17, 1000, 64, true},     // GQA 4, short queries against long keys
-      {1, 8, 1, 1000, 17, 128, true},    // MQA 8, Sq > Skv: most rows see no key
+      {1, 4, 1, 17, 1000, 64, true},   // GQA 4, short queries against long keys
+      {1, 8, 1, 1000, 17, 128, true},  // MQA 8, Sq > Skv: most rows see no key
       {1, 2, 2, 1000, 1000, 128, false},
-      {1, 4, 4, 128, 128, 64, true},     // exact tiles
+      {1, 4, 4, 128, 128, 64, true},  // exact tiles
       {1, 2, 1, 300, 555, 128, true},
-      {2, 8, 1, 16, 4097, 128, false},   // decode-like, key splits
-      {1, 32, 8, 1, 2048, 64, false},    // decode, GQA 4
-      {2, 8, 2, 3, 1000, 64, true},      // decode tile, causal, packed heads
-      {1, 4, 2, 8, 4097, 128, true},     // decode tile, causal, key splits
+      {2, 8, 1, 16, 4097, 128, false},  // decode-like, key splits
+      {1, 32, 8, 1, 2048, 64, false},   // decode, GQA 4
+      {2, 8, 2, 3, 1000, 64, true},     // decode tile, causal, packed heads
+      {1, 4, 2, 8, 4097, 128, true},    // decode tile, causal, key splits
       {1, 1, 1, 4097, 4097, 64, true},
       {1, 2, 2, 4097, 1000, 128, true},
       {1, 4, 4, 1000, 4097, 64, false},
@@ -211,19 +211,21 @@ std::vector<Case> AllCases() {
       {1, 2, 2, 100, 100, 64, false, false, true},
       // Head dims other than 64 and 128 (tiles padded to 64, 128 or 256).
       {1, 2, 2, 300, 555, 96, true},
-      {1, 4, 1, 17, 1000, 40, false},    // short query block, key splits
+      {1, 4, 1, 17, 1000, 40, false},  // short query block, key splits
       {2, 2, 2, 129, 129, 200, true},
-      {1, 8, 2, 1, 2048, 96, false},     // decode tile
+      {1, 8, 2, 1, 2048, 96, false},  // decode tile
       {1, 2, 2, 1000, 1000, 256, false},
-      {1, 2, 1, 4, 3000, 256, true},     // decode tile, key splits
+      {1, 2, 1, 4, 3000, 256, true},  // decode tile, key splits
       {1, 2, 2, 200, 200, 8, true},
-      {1, 4, 2, 1000, 300, 160, true},   // Sq > Skv: leading rows see no key
-      {1, 2, 2, 700, 700, 136, false},   // flash_wgmma's 192-wide tile
+      {1, 4, 2, 1000, 300, 160, true},  // Sq > Skv: leading rows see no key
+      {1, 2, 2, 700, 700, 136, false},  // flash_wgmma's 192-wide tile
       {2, 4, 2, 300, 1000, 192, true},
       // More work tiles than SMs: the persistent grid's blocks take several.
       {4, 16, 4, 600, 600, 64, true},
       {2, 8, 8, 2048, 2048, 64, false},  // three consumer warpgroups
       {2, 16, 4, 1000, 1000, 128, true},
+      {1, 28, 4, 520, 520, 256, false},  // head_dim 256 persistent: one Q slot
+      {2, 16, 2, 1000, 300, 128, true},  // causal, fed by the counter; 700 rows see no key
       {48, 16, 4, 1, 1024, 64, false},   // decode blocks past one wave: split to fill waves
       // O written as fp32.
       {1, 2, 2, 300, 555, 128, true, false, false, false, true},

@@ -50,9 +50,9 @@ KDType K(D t) { return static_cast<KDType>(static_cast<int>(t)); }
 const char* Name(D t) { return t == D::kFloat32 ? "f32" : (t == D::kFloat16 ? "f16" : "bf16"); }
 
 // Our versions a case may run by name. The reference (it materialises the
-// scores) is too slow at these sizes; flash_wgmma_pipelined measured 0.5-0.9x
-// flash_wgmma on every case of the first sweep (sweep-attention.md).
-const std::vector<std::string> kVariants = {"flash_mma", "flash_wgmma", "flash_wgmma_pingpong"};
+// scores) is too slow at these sizes.
+const std::vector<std::string> kVariants = {"flash_mma", "flash_wgmma", "flash_wgmma_pingpong",
+                                            "flash_wgmma_pipelined", "flash_wgmma_overlap"};
 
 struct Case {
   std::string cls;

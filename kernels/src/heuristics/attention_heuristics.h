@@ -7,20 +7,20 @@
 // and command in kernels/bench/results/sweep-attention.md), which times every
 // version on every shape of its list (106 cases, 9 classes), against PyTorch
 // SDPA's cuDNN and FlashAttention-2 backends in the same run, and from the
-// ladder benchmark (kernels/bench/results/attention.md). Final run, each
-// version forced, x the faster vendor:
-//   - flash_wgmma (TMA, wgmma, producer + consumer warpgroups, split-KV) is
-//     the fastest from 128 query rows: squares 0.70-0.96x, head dims
-//     0.62-0.92x, causal chunked prefill with Sq 128-2048 1.52-1.70x, where
-//     flash_mma reaches 0.51-0.70x; flash_wgmma_pingpong is 0.92-1.02x its
-//     speed;
+// ladder benchmark (kernels/bench/results/attention.md). Final run (12),
+// each version forced, x the faster vendor:
+//   - flash_wgmma_overlap (TMA, wgmma, producer + consumer warpgroups, both
+//     of FlashAttention-3's overlaps, split-KV) is the fastest from 128 query
+//     rows: squares 0.81-1.11x, head dims 0.95-1.05x, GQA 0.95-1.02x, causal
+//     chunked prefill 1.08-2.00x; 0.99-1.17x the speed of flash_wgmma (in
+//     order), where flash_mma reaches 0.21-0.70x;
 //   - flash_mma packs the query heads of one kv head into its tile rows and
-//     splits the keys over blocks: decode 0.92-0.97x at Sq 1 (the HBM floor)
-//     and 2.4-5.1x at Sq 4-16 with grouped heads, where flash_wgmma reaches
-//     0.18-0.91x and 1.03-1.42x; the only version for fp32 inputs on the
-//     tensor cores;
-//   - head dims run the tile of the next of 64, 128, 192 (flash_wgmma) or 256
-//     wide, zero-filled past D: D96 costs 0.97-1.00x the time of D128.
+//     splits the keys over blocks: decode 0.93-0.97x at Sq 1 (the HBM floor)
+//     and 2.4-5.1x at Sq 4-16 with grouped heads, where flash_wgmma_overlap
+//     reaches 0.22-0.91x and 1.24-1.75x; the only version for fp32 inputs on
+//     the tensor cores;
+//   - head dims run the tile of the next of 64, 128, 192 or 256 wide,
+//     zero-filled past D: D96 costs 0.97-0.99x the time of D128.
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 
@@ -45,29 +45,46 @@ inline constexpr int64_t kAttentionWgmmaMinRows = 128;
 
 // The version the default runs, by name.
 inline const char* ChooseAttentionVariant(const AttentionShape& s) {
-  if (s.wgmma_ok && s.seq_q >= kAttentionWgmmaMinRows) return "flash_wgmma";
+  if (s.wgmma_ok && s.seq_q >= kAttentionWgmmaMinRows) return "flash_wgmma_overlap";
   if (s.mma_ok) return "flash_mma";
   return "reference";
 }
 
 // Consumer warpgroups of flash_wgmma (64 query rows each) at a padded head
 // dim of 64: three for long query blocks, where the softmax weighs most
-// against the GEMMs (measured +5..10% at 4k and 16k), two below 2048 (a
-// partial 192-row tile and worse causal balance: -11% at 1k causal). Head
-// dims past 64 keep two (registers).
+// against the GEMMs (measured +5..10% at 4k and 16k in order; pipelined, the
+// three took D64 S2048-16384 from 0.94-0.95x to 1.04-1.11x the vendor), two
+// below 2048 (a partial 192-row tile and worse causal balance: -11% at 1k
+// causal). Head dims past 64 keep two (registers).
 inline int WgmmaConsumers(const AttentionShape& s) {
   return s.head_dim <= 64 && s.seq_q >= 2048 ? 3 : 2;
 }
 
-// Whether flash_wgmma runs a persistent grid (one block per SM walking the
-// work tiles, the next tile's loads under the current one's work) rather
-// than one block per tile. Measured against one block per tile (sweep runs
-// 1, 4-7, 16k tokens): 0.60-0.78x the time at 128 keys, 0.78-1.01x at
-// 512-1024, 0.93-1.01x at 2048; from 4096 keys up 1.00-1.02x without the
-// mask but 1.02-1.12x with it (a static round robin balances causal tiles
-// worse than the hardware's block scheduler), so causal shapes past 2048
-// keys take one block per tile.
-inline bool WgmmaPersistent(const AttentionShape& s) { return !s.causal || s.seq_kv <= 2048; }
+// flash_wgmma runs a persistent grid (one block per SM walking the work
+// tiles, the next tile's loads under the current one's work) wherever there
+// are more tiles than SMs: against one block per tile it measured 0.60-0.78x
+// the time at 128 keys, 0.78-1.01x at 512-1024, 0.93-1.01x at 2048 and
+// 1.00-1.02x from 4096 keys up without the mask (sweep runs 1, 4-7). Under
+// the causal mask the tiles' work differs: a fixed stride over tiles numbered
+// by weight balanced them worse than the hardware's block scheduler past 2048
+// keys (1.02-1.12x the time) and spreads each head's tiles over the whole
+// run, so K and V are read from HBM once per query block when the heads'
+// K and V outgrow L2. Causal grids therefore take their tiles from a counter
+// in the order heads-major, longest first (WgmmaTileCounter).
+inline bool WgmmaTileCounter(const AttentionShape& s) { return s.causal; }
+
+// flash_wgmma's key tile where it is not the head dim's default (0): 176 keys
+// at a padded head dim of 128 without the mask from 2048 keys up
+// (FlashAttention-3's tile for it: fewer barriers and softmax steps per key,
+// but one Q slot). Against 128-key tiles (sweep runs 2 and 3, overlap
+// schedule): 1.00-1.06x the vendor instead of 0.96-1.00x from 4096 keys,
+// 1.01x the speed at 2048, a tie at 1024 and 0.92-0.94x at 128-512 keys
+// (a 176-key block padded past 128 keys, no second Q slot).
+inline constexpr int64_t kWgmmaWideKeysFrom = 2048;
+inline int WgmmaKeyTile(const AttentionShape& s) {
+  const bool kd128 = s.head_dim > 64 && s.head_dim <= 128;
+  return kd128 && !s.causal && s.seq_kv >= kWgmmaWideKeysFrom ? 176 : 0;
+}
 
 // Key splits of flash_mma's decode tile when its blocks (one per kv head and
 // 16 packed rows) already fill the GPU but not in whole waves: the split

@@ -56,7 +56,7 @@ struct AttentionArgs {
 
 // Every version, by its stable lower-case name, in ladder order:
 // "reference", "flash_mma", "flash_wgmma", "flash_wgmma_pipelined",
-// "flash_wgmma_pingpong".
+// "flash_wgmma_pingpong", "flash_wgmma_overlap".
 const std::vector<std::string>& AttentionVariants();
 
 // Whether `variant` (empty: the fastest version for these arguments) can run
