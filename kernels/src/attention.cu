@@ -204,8 +204,6 @@ struct MmaPlan {
   int m_blocks = 1;
   int splits = 1;
   int split_len = 0;
-  bool tile_counter = false;  // a persistent grid fed by a counter (after the partials)
-  size_t counter_offset = 0;
   size_t workspace = 0;
 };
 
