@@ -76,7 +76,7 @@ inline bool WgmmaTileCounter(const AttentionShape& s) { return s.causal; }
 // flash_wgmma's key tile where it is not the head dim's default (0): 176 keys
 // at a padded head dim of 128 without the mask from 2048 keys up
 // (FlashAttention-3's tile for it: fewer barriers and softmax steps per key,
-// but one Q slot). Against 128-key tiles (sweep runs 2 and 3, overlap
+// but one Q slot). Against 128-key tiles (sweep runs 10 and 11, overlap
 // schedule): 1.00-1.06x the vendor instead of 0.96-1.00x from 4096 keys,
 // 1.01x the speed at 2048, a tie at 1024 and 0.92-0.94x at 128-512 keys
 // (a 176-key block padded past 128 keys, no second Q slot).
