@@ -50,6 +50,7 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
   // The ladders cannot read C from elsewhere: the vendor must take c_in.
   const bool needs_vendor = args.beta != 0 && args.c_in != nullptr && args.c_in != args.c;
   s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args));
+  s.beta = args.beta != 0;
   s.sms = SmCount();
   if (needs_vendor) return s.vendor_ok ? kGemmVendorVariant : "";
   const std::string_view chosen = ChooseGemmVariant(s);

@@ -622,9 +622,12 @@ bool ParseVariant(std::string_view v, Rung* rung) {
 // rungs keep the plain raster.
 constexpr int kSwizzleGroup = 8;
 // K per split never drops below this (short slices cost more in partial traffic
-// than they win in parallelism).
-constexpr int kMinKPerSplit = 256;
-constexpr int kMaxSplits = 16;
+// than they win in parallelism). Up to 128 slices: with at most 16, a small C
+// over a long K left most SMs idle (128x128x16384 as 2 tiles x 16 slices ran
+// 0.19x cuBLAS, 256x256x65536 as 8 x 16 0.43x; sweep-gemm.md run 11); 64
+// slices of at least 256: 0.56x and 0.88x (run 12).
+constexpr int kMinKPerSplit = 128;
+constexpr int kMaxSplits = 128;
 
 // Tile configurations the warptile and splitk rungs choose from.
 enum class TileShape { k256x128, k128x128, k64x128, k64x128Wide };

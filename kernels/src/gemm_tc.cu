@@ -86,13 +86,31 @@
 //                     128 rows. Thin M (1-64 tokens against a weight):
 //                     16x14336x4096 bf16 39.9 -> 32.8 us (cuBLAS 30.2).
 // Run-to-run spread on the H200 is about +-5% for both cuBLAS and us.
+//   tf32 A from registers  wgmma reads 32-bit operands from shared memory
+//                     K-major only; it takes A from registers in any layout. An
+//                     M-major tf32 A (TT) is loaded by TMA in 32 x 32 blocks and
+//                     read into fragments with ld.shared (kRegistersA in
+//                     gemm_tc_wgmma.cuh); tf32 NN runs as C^T = B^T A^T with
+//                     B^T, M-major, as that A. Every wgmma rung (but wgmma_tma
+//                     for NN) now runs tf32 NN and TT in place, and wgmma_packed
+//                     copies only operands TMA cannot address (and one of A and
+//                     B for tf32 TN). Each stage waits for its own wgmma group
+//                     before the next stage's fragment loads (ptxas serialises
+//                     every wgmma otherwise). Through the server's path
+//                     (sweep-gemm.md run 13 against run 11, own kernels): tf32
+//                     4096^3 NN 0.85x -> 0.95x, TT 0.84x -> 0.93x, large K
+//                     0.24-0.71x -> 0.91-1.33x, batches 0.61-1.04x ->
+//                     1.01-1.21x; the 38 tf32 cases 15 -> 27 at >= 0.9x.
+//                     tf32 NN from 8192 rows up (and with beta) still copies B:
+//                     16384^3 1.00x copied against 0.92x as C^T.
 // tf32 (K-major A and B): the best rung reaches 0.92-1.07x cuBLAS tf32 over the
 // six shapes (344 TFLOP/s = 0.99x at 8192^3).
 //
 // The wgmma rungs need what TMA needs: A and B base addresses 16-byte aligned,
 // row and batch strides multiples of 16 bytes, k >= 1; tf32 additionally needs
-// both operands K-major (trans_a false, trans_b true). The empty variant picks
-// a wgmma rung when those hold (see DefaultRung) and mma_sync otherwise
+// B K-major or A K-major (not trans_a without trans_b), and wgmma_tma B
+// K-major (it does not write C^T). The empty variant picks a
+// wgmma rung when those hold (see DefaultRung) and mma_sync otherwise
 // (wgmma_packed, which takes every layout, needs a workspace).
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -178,8 +196,9 @@ Support CheckCommon(const GemmArgs& a) {
 Support CheckTma(const GemmArgs& a) {
   const int64_t es = static_cast<int64_t>(DTypeSize(a.ab_type));
   if (a.k < 1) return Support::No("k == 0 leaves no operand tile for TMA");
-  if (a.ab_type == DType::kF32 && (a.trans_a || !a.trans_b))
-    return Support::No("tf32 wgmma reads both operands K-major: needs trans_a false, trans_b true");
+  if (a.ab_type == DType::kF32 && a.trans_a && !a.trans_b)
+    return Support::No(
+        "tf32 wgmma reads B K-major (or, as C^T, A): trans_a without trans_b has neither");
   if (!Aligned(a.a, 16) || !Aligned(a.b, 16))
     return Support::No("TMA needs 16-byte aligned A and B");
   if ((a.lda * es) % 16 != 0 || (a.ldb * es) % 16 != 0)
@@ -234,13 +253,15 @@ bool IsSplitK(Rung rung) {
 // The tile width, K split and orientation of the split-K kernel for `rung`
 // (heuristics/gemm_heuristics.h): the width the variant names, else the
 // cheapest; swap-AB only for the variants that leave the tile to the
-// heuristics, and never again for a problem already swapped (c_trans).
+// heuristics, never again for a problem already swapped (c_trans), and in
+// tf32 only where the swapped B is K-major (A not transposed).
 GemmTilePlan PlanSplitK(const GemmArgs& a, Rung rung, bool c_trans) {
   const int64_t kbk = 128 / static_cast<int64_t>(DTypeSize(a.ab_type));
   const int64_t kblocks = CeilDiv(std::max<int64_t>(a.k, 1), kbk);
   const int only_bn = rung == Rung::kWgmmaSplitK128 ? 128 : rung == Rung::kWgmmaSplitK64 ? 64 : 0;
+  const bool swappable = !c_trans && (a.ab_type != DType::kF32 || !a.trans_a);
   return ChooseWgmmaTilePlan(a.m, a.n, kblocks, std::max<int64_t>(a.batch, 1), SmCount(), only_bn,
-                             /*allow_swap=*/only_bn == 0 && !c_trans);
+                             /*allow_swap=*/only_bn == 0 && swappable);
 }
 
 // The problem C^T = op(B)^T op(A)^T, written into the same C transposed.
@@ -257,6 +278,12 @@ GemmArgs SwapAB(const GemmArgs& a) {
   s.stride_b = a.stride_a;
   s.trans_b = !a.trans_a;
   return s;
+}
+
+// tf32 with B N-major and A K-major (NN) runs as C^T = B^T A^T: wgmma reads
+// tf32 B only K-major, and takes B^T, M-major, from registers as the A side.
+bool Tf32RunsTransposed(const GemmArgs& a) {
+  return a.ab_type == DType::kF32 && !a.trans_a && !a.trans_b;
 }
 
 size_t SplitWorkspaceBytes(const GemmArgs& a, const GemmTilePlan& plan) {
@@ -283,18 +310,60 @@ Operand OperandB(const GemmArgs& a) {
   return {a.b, a.ldb, a.stride_b, a.trans_b, a.batch > 1 && a.stride_b != 0};
 }
 
-// True when TMA reads the operand K-major as it lies (no copy needed).
-bool ReadsInPlace(const Operand& o, size_t es) {
-  return o.k_major && Aligned(o.ptr, 16) && (o.ld * int64_t(es)) % 16 == 0 &&
+// True when TMA can address the operand: base, rows and batch stride on 16
+// bytes.
+bool Addressable(const Operand& o, size_t es) {
+  return Aligned(o.ptr, 16) && (o.ld * int64_t(es)) % 16 == 0 &&
          (!o.batched || (o.stride * int64_t(es)) % 16 == 0);
+}
+
+// The operands wgmma_packed copies K-major: those TMA cannot address and, in
+// tf32, where the copy pays. The other layouts run as LaunchWgmma runs them
+// (tf32 NN as C^T, TT with A from registers, both at ~0.9x the speed of the
+// shared-memory form at 16384^3):
+//   - TN (A M-major, B N-major), which no wgmma form reads: the smaller;
+//   - NN with beta: B (C^T's epilogue reads C element by element: 2048^3 with
+//     beta 0.51x cuBLAS as C^T, 0.65x copied, sweep-gemm.md runs 11-12);
+//   - NN from kTf32CopyFrom rows (TT: columns) up, where the copy of B (A) is
+//     spread over enough of C: 4096^3 NN 0.96x as C^T against 0.85x copied,
+//     16384^3 0.92x against 1.03x.
+inline constexpr int64_t kTf32CopyFrom = 8192;
+struct Packing {
+  bool a = false, b = false;
+};
+Packing ChoosePacking(const GemmArgs& a) {
+  const size_t es = DTypeSize(a.ab_type);
+  const Operand oa = OperandA(a), ob = OperandB(a);
+  Packing p{!Addressable(oa, es), !Addressable(ob, es)};
+  if (a.ab_type != DType::kF32) return p;
+  const bool a_m = !p.a && !oa.k_major, b_n = !p.b && !ob.k_major;  // as they stay
+  if (a_m && b_n) {
+    const double bytes_a = double(a.m) * double(a.k) * (oa.batched ? double(a.batch) : 1.0);
+    const double bytes_b = double(a.n) * double(a.k) * (ob.batched ? double(a.batch) : 1.0);
+    (bytes_a <= bytes_b ? p.a : p.b) = true;
+  } else if (b_n && (a.beta != 0 || a.m >= kTf32CopyFrom)) {
+    p.b = true;
+  } else if (a_m && a.n >= kTf32CopyFrom) {
+    p.a = true;
+  }
+  return p;
+}
+
+// The layout wgmma_packed's kernel sees: copies are K-major.
+GemmArgs PackedLayout(const GemmArgs& a) {
+  const Packing pk = ChoosePacking(a);
+  GemmArgs l = a;
+  if (pk.a) l.trans_a = false;
+  if (pk.b) l.trans_b = true;
+  return l;
 }
 
 // Leading dimension of a K-major copy: k rounded up to 16 bytes.
 int64_t PackedLd(int64_t k, size_t es) { return CeilDiv(k * int64_t(es), 16) * 16 / int64_t(es); }
 
-size_t PackedBytes(const GemmArgs& a, const Operand& o, int64_t outer) {
+size_t PackedBytes(const GemmArgs& a, const Operand& o, int64_t outer, bool copy) {
   const size_t es = DTypeSize(a.ab_type);
-  if (ReadsInPlace(o, es)) return 0;
+  if (!copy) return 0;
   const size_t bytes =
       size_t(outer) * size_t(PackedLd(a.k, es)) * es * size_t(o.batched ? a.batch : 1);
   return CeilDiv(int64_t(bytes), 256) * 256;  // the next region stays 256-byte aligned
@@ -327,12 +396,12 @@ __global__ void PackKMajorKernel(const T* src, int64_t ld_src, int64_t stride_sr
   }
 }
 
-// Copies the operand K-major into `dst` when TMA cannot read it as it lies
-// and points *o at the copy; nothing when it can.
+// With `copy`, copies the operand K-major into `dst` and points *o at the
+// copy; nothing without.
 template <typename T>
-cudaError_t PackOperand(const GemmArgs& a, Operand* o, int64_t outer, void* dst,
+cudaError_t PackOperand(const GemmArgs& a, Operand* o, int64_t outer, bool copy, void* dst,
                         cudaStream_t stream) {
-  if (ReadsInPlace(*o, sizeof(T))) return cudaSuccess;
+  if (!copy) return cudaSuccess;
   const int64_t ld = PackedLd(a.k, sizeof(T));
   const int64_t stride = o->batched ? outer * ld : 0;
   const dim3 grid(static_cast<unsigned>(CeilDiv(a.k, 32)),
@@ -462,17 +531,22 @@ template <typename T, bool kTA, bool kTB>
 cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStream_t stream,
                          bool* encoded, bool c_trans = false) {
   constexpr uint32_t kBK = 128 / sizeof(T);
-  if (IsSplitK(rung) && !c_trans && PlanSplitK(a, rung, false).swap)
-    return LaunchWgmmaT<T, !kTB, !kTA>(SwapAB(a), rung, workspace, stream, encoded, true);
+  constexpr bool kTf32 = std::is_same_v<T, float>;
+  if constexpr (!kTf32 || !kTA) {  // swapped, tf32 B stays K-major
+    if (IsSplitK(rung) && !c_trans && PlanSplitK(a, rung, false).swap)
+      return LaunchWgmmaT<T, !kTB, !kTA>(SwapAB(a), rung, workspace, stream, encoded, true);
+  }
   const bool single = rung == Rung::kWgmmaTma;
   const bool cluster = rung == Rung::kWgmmaCluster || rung == Rung::kWgmmaClusterPersistent;
   const int bn = IsSplitK(rung) ? PlanSplitK(a, rung, c_trans).bn : 256;
   const uint32_t bm = single ? 64 : 128, bn_box = cluster ? 128 : bn;
+  constexpr uint32_t kMBox = kTf32 ? 32 : 64;  // M-major A: 128 bytes of M by BK rows
   CUtensorMap map_a, map_b;
-  *encoded = (kTA ? EncodeOperand<T>(&map_a, a.a, a.m, a.k, a.lda, a.batch, a.stride_a, 64, 64)
-                  : EncodeOperand<T>(&map_a, a.a, a.k, a.m, a.lda, a.batch, a.stride_a, kBK, bm)) &&
-             (kTB ? EncodeOperand<T>(&map_b, a.b, a.k, a.n, a.ldb, a.batch, a.stride_b, kBK, bn_box)
-                  : EncodeOperand<T>(&map_b, a.b, a.n, a.k, a.ldb, a.batch, a.stride_b, 64, 64));
+  *encoded =
+      (kTA ? EncodeOperand<T>(&map_a, a.a, a.m, a.k, a.lda, a.batch, a.stride_a, kMBox, kMBox)
+           : EncodeOperand<T>(&map_a, a.a, a.k, a.m, a.lda, a.batch, a.stride_a, kBK, bm)) &&
+      (kTB ? EncodeOperand<T>(&map_b, a.b, a.k, a.n, a.ldb, a.batch, a.stride_b, kBK, bn_box)
+           : EncodeOperand<T>(&map_b, a.b, a.n, a.k, a.ldb, a.batch, a.stride_b, 64, 64));
   if (!*encoded) return cudaErrorInvalidValue;
 
   if (single) {
@@ -487,7 +561,7 @@ cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStre
   using Cfg = tc::WgmmaConfig<2, 4>;
   if (cluster) {
     // Tiles are CTA pairs: 256 rows of C per cluster tile.
-    const TcParams p = MakeParams(a, 2 * Cfg::kBM, Cfg::kBN, 8);
+    const TcParams p = MakeParams(a, 2 * Cfg::kBM, Cfg::kBN, 8, c_trans);
     auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 2>;
     if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
     cudaLaunchAttribute attr[1];
@@ -535,7 +609,12 @@ template <typename T>
 cudaError_t LaunchWgmma(const GemmArgs& a, Rung rung, void* ws, cudaStream_t stream,
                         bool* encoded) {
   if constexpr (std::is_same_v<T, float>) {
-    return LaunchWgmmaT<T, false, true>(a, rung, ws, stream, encoded);
+    // tf32: NT as it lies; TT with A from registers; NN as C^T = B^T A^T
+    // (B^T from registers); TN is refused by CheckTma.
+    if (a.trans_b)
+      return a.trans_a ? LaunchWgmmaT<T, true, true>(a, rung, ws, stream, encoded)
+                       : LaunchWgmmaT<T, false, true>(a, rung, ws, stream, encoded);
+    return LaunchWgmmaT<T, true, true>(SwapAB(a), rung, ws, stream, encoded, true);
   } else {
     if (a.trans_a)
       return a.trans_b ? LaunchWgmmaT<T, true, true>(a, rung, ws, stream, encoded)
@@ -545,30 +624,31 @@ cudaError_t LaunchWgmma(const GemmArgs& a, Rung rung, void* ws, cudaStream_t str
   }
 }
 
-// wgmma_packed: the operands TMA or wgmma cannot read as they lie copied
-// K-major into the workspace, then wgmma_splitk's kernel on the copies
-// (workspace: [A copy][B copy][split-K partials]).
+// wgmma_packed: the operands ChoosePacking names copied K-major into the
+// workspace, then wgmma_splitk's kernel on the copies and the operands read
+// in place (workspace: [A copy][B copy][split-K partials]).
 template <typename T>
 cudaError_t LaunchPacked(const GemmArgs& a, void* workspace, cudaStream_t stream) {
+  const Packing pk = ChoosePacking(a);
   Operand oa = OperandA(a), ob = OperandB(a);
-  const size_t bytes_a = PackedBytes(a, oa, a.m), bytes_b = PackedBytes(a, ob, a.n);
+  const size_t bytes_a = PackedBytes(a, oa, a.m, pk.a), bytes_b = PackedBytes(a, ob, a.n, pk.b);
   if ((bytes_a || bytes_b) && workspace == nullptr) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
-  if (cudaError_t e = PackOperand<T>(a, &oa, a.m, ws, stream); e != cudaSuccess) return e;
-  if (cudaError_t e = PackOperand<T>(a, &ob, a.n, ws + bytes_a, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = PackOperand<T>(a, &oa, a.m, pk.a, ws, stream); e != cudaSuccess) return e;
+  if (cudaError_t e = PackOperand<T>(a, &ob, a.n, pk.b, ws + bytes_a, stream); e != cudaSuccess)
+    return e;
   GemmArgs packed = a;
   packed.a = oa.ptr;
   packed.lda = oa.ld;
   packed.stride_a = oa.stride;
-  packed.trans_a = false;
+  packed.trans_a = !oa.k_major;
   packed.b = ob.ptr;
   packed.ldb = ob.ld;
   packed.stride_b = ob.stride;
-  packed.trans_b = true;
+  packed.trans_b = ob.k_major;
   bool encoded = false;
   void* partials = workspace == nullptr ? nullptr : ws + bytes_a + bytes_b;
-  const cudaError_t e =
-      LaunchWgmmaT<T, false, true>(packed, Rung::kWgmmaSplitK, partials, stream, &encoded);
+  const cudaError_t e = LaunchWgmma<T>(packed, Rung::kWgmmaSplitK, partials, stream, &encoded);
   return encoded ? e : cudaErrorInvalidValue;
 }
 
@@ -618,6 +698,8 @@ Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant) {
       return Support::No("wgmma_packed copies at most 65535 batch entries and 2^21 rows");
     return Support::Yes();
   }
+  if (rung == Rung::kWgmmaTma && Tf32RunsTransposed(args))
+    return Support::No("wgmma_tma does not write C^T: tf32 needs trans_a or trans_b");
   return CheckTma(args);
 }
 
@@ -628,10 +710,18 @@ size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
   const bool packed = rung == Rung::kWgmmaPacked;
   if (!split && !packed) return 0;
   if (!CanImplementGemmTc(args, variant) || args.m == 0 || args.n == 0 || args.batch == 0) return 0;
-  const size_t partials = SplitWorkspaceBytes(args, PlanSplitK(args, rung, false));
-  if (split) return partials;
-  return PackedBytes(args, OperandA(args), args.m) + PackedBytes(args, OperandB(args), args.n) +
-         partials;
+  // The plan the launch makes: of C^T for tf32 NN (SplitWorkspaceBytes is
+  // symmetric in m and n, the plan's splits need not be).
+  auto partials = [](const GemmArgs& l, Rung r) {
+    const bool t = Tf32RunsTransposed(l);
+    return SplitWorkspaceBytes(l, PlanSplitK(t ? SwapAB(l) : l, r, t));
+  };
+  if (split) return partials(args, rung);
+  // wgmma_packed runs the split-K kernel on the copies' layout.
+  const Packing pk = ChoosePacking(args);
+  return PackedBytes(args, OperandA(args), args.m, pk.a) +
+         PackedBytes(args, OperandB(args), args.n, pk.b) +
+         partials(PackedLayout(args), Rung::kWgmmaSplitK);
 }
 
 cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,

@@ -7,7 +7,7 @@
 // Shared-memory operand layout used by every wgmma rung: one stage of an
 // operand is a stack of 128-byte rows swizzled by TMA's 128B pattern (16-byte
 // chunk q of row r lands at chunk q ^ (r % 8) of a 1024-byte-aligned atom).
-//   K-major operand (A not transposed, B transposed; always for tf32): one row
+//   K-major operand (A not transposed, B transposed; tf32 B always): one row
 //     per M (or N) index holding 128 bytes of K; 8-row groups are 1024 bytes
 //     apart (SBO); a k-step of 32 bytes (16 bf16/fp16 or 8 tf32) moves the
 //     descriptor's start address by 32 bytes inside the atom.
@@ -15,6 +15,11 @@
 //     64 M (or N) values; inside a block one 128-byte row per K index; 8-row
 //     K groups 1024 bytes apart (SBO), blocks BK*128 bytes apart (LBO); a k-step
 //     of 16 rows moves the start address by 2048 bytes.
+//   M-major tf32 A (transposed): blocks of 32 M values (128 bytes) by the
+//     stage's 32 K rows (4096 bytes each); the consumers read their fragments
+//     from there with ld.shared and issue wgmma with A from registers
+//     (WgmmaM64NTf32Rs). tf32 B must be K-major: a problem whose B is N-major
+//     runs as C^T = B^T A^T when its A is K-major (then B^T is the M-major A).
 #ifndef GPUCOMPUTE_KERNELS_SRC_GEMM_TC_SM90_CUH_
 #define GPUCOMPUTE_KERNELS_SRC_GEMM_TC_SM90_CUH_
 
@@ -125,6 +130,35 @@ __device__ __forceinline__ void WgmmaM64N(float (&d)[kN / 2], uint64_t desc_a, u
 #undef GC_GEMM_WGMMA_WIDTH
 #undef GC_GEMM_WGMMA_TF32
 #undef GC_GEMM_WGMMA_16BIT
+
+// One tf32 m64nNk8 k-step (N = 256, 128 or 64) with A from registers: D[64 x
+// N] += A[64 x 8] * B[8 x N], B K-major in shared memory through `desc_b`.
+// Thread l of warp w holds A's (r, c), (r + 8, c), (r, c + 4), (r + 8, c + 4)
+// in a[0..3], r = 16 w + l / 4, c = l % 4 (the m16n8k8 tf32 layout per warp;
+// the hardware uses the top 19 bits of each fp32 value, as it does reading
+// tf32 from shared memory). This is how tf32 takes an M-major A: the
+// instruction's shared-memory form reads 32-bit types K-major only.
+#define GC_GEMM_WGMMA_TF32_RS(SHAPE, D, ACC, IA, IB, IP)                                     \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " IP                                        \
+               ", 0;\n" GC_WGMMA_OP(SHAPE, "tf32.tf32", D) "{" IA "}, " IB ", p, 1, 1;\n}\n" \
+               : ACC(d)                                                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+template <int kN>
+__device__ __forceinline__ void WgmmaM64NTf32Rs(float (&d)[kN / 2], const uint32_t (&a)[4],
+                                                uint64_t desc_b) {
+  if constexpr (kN == 256) {
+    GC_GEMM_WGMMA_TF32_RS("m64n256k8", GC_WGMMA_D128, GC_WGMMA_ACC128, "%128, %129, %130, %131",
+                          "%132", "%133");
+  } else if constexpr (kN == 128) {
+    GC_GEMM_WGMMA_TF32_RS("m64n128k8", GC_WGMMA_D64, GC_WGMMA_ACC64, "%64, %65, %66, %67", "%68",
+                          "%69");
+  } else {
+    static_assert(kN == 64, "tile widths of the wgmma rungs: 256, 128, 64");
+    GC_GEMM_WGMMA_TF32_RS("m64n64k8", GC_WGMMA_D32, GC_WGMMA_ACC32, "%32, %33, %34, %35", "%36",
+                          "%37");
+  }
+}
+#undef GC_GEMM_WGMMA_TF32_RS
 
 }  // namespace gpucompute::kernels::tc
 

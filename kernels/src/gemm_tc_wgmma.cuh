@@ -48,6 +48,7 @@ struct WgmmaConfig {
   static constexpr int kBBytes = kBN * kRowBytes;   // (BLOCK_N, 128 B)
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kMnBlockBytes = 64 * kRowBytes;  // MN-major: 64 values x 64 K rows
+  static constexpr int kTf32MBlockBytes = 32 * kRowBytes;  // M-major tf32 A: 32 values x 32 K rows
   // Staged epilogue (StagedEpilogue16, StagedEpilogueBeta): per consumer, 64
   // rows of 32 words (64 16-bit or 32 fp32 values) kEpiLd words apart (4
   // words of padding: conflict-free fragment writes and 16-byte row reads).
@@ -61,7 +62,8 @@ struct WgmmaConfig {
 };
 
 // Issues the TMA loads of k-block kb into one stage. Boxes (inner first):
-//   A K-major {BK, BM}; A M-major {64, 64} per 64 rows of M;
+//   A K-major {BK, BM}; A M-major {64, 64} per 64 rows of M (tf32: {32, 32}
+//   per 32 rows);
 //   B K-major {BK, 256 / kCluster}; B N-major {64, 64} per 64 columns of N.
 // With a 2-CTA cluster (kCluster == 2) both CTAs work on the same columns of
 // C: CTA `rank` loads its half of the B stage and multicasts it to both, so
@@ -72,7 +74,11 @@ __device__ __forceinline__ void IssueStage(const CUtensorMap* map_a, const CUten
                                            int m0, int n0, int ba, int bb, int rank = 0) {
   constexpr int kBK = Cfg::kRowBytes / sizeof(T);
   sm90::MbarArriveExpectTx(full, Cfg::kStageBytes);  // all of A and both halves of B
-  if constexpr (kTransA) {
+  if constexpr (kTransA && std::is_same_v<T, float>) {
+#pragma unroll
+    for (int c = 0; c < Cfg::kBM / 32; ++c)
+      sm90::TmaLoad3d(sa + c * Cfg::kTf32MBlockBytes, map_a, m0 + 32 * c, kb * kBK, ba, full);
+  } else if constexpr (kTransA) {
 #pragma unroll
     for (int c = 0; c < Cfg::kBM / 64; ++c)
       sm90::TmaLoad3d(sa + c * Cfg::kMnBlockBytes, map_a, m0 + 64 * c, kb * kBK, ba, full);
@@ -105,21 +111,67 @@ __device__ __forceinline__ void IssueStage(const CUtensorMap* map_a, const CUten
   }
 }
 
-// The wgmma k-steps of one stage for one consumer warpgroup: `sa` is its
-// 64-row slab of A, `sb` the whole B stage. Commits them as one group.
-template <typename T, bool kTransA, bool kTransB, typename Cfg>
-__device__ __forceinline__ void MmaStage(float (&d)[Cfg::kAcc], uint32_t sa, uint32_t sb) {
+// True when the stage's A is M-major tf32, which wgmma takes from registers.
+template <typename T, bool kTransA>
+inline constexpr bool kRegistersA = kTransA&& std::is_same_v<T, float>;
+
+// A warpgroup's tf32 A fragments of one stage, read from its 64-row slab `sa`
+// of two 32-row M-major blocks: f[j] holds k-step j's four values per thread
+// in WgmmaM64NTf32Rs's layout. In a block, value (m, k) lies at byte k * 128 +
+// ((m / 4) ^ (k % 8)) * 16 + (m % 4) * 4 (TMA's 128B swizzle); a warp's 32
+// reads of one register fall on 16 banks, two lanes each.
+template <typename Cfg>
+__device__ __forceinline__ void LoadTf32Fragments(uint32_t (&f)[Cfg::kKSteps][4], uint32_t sa) {
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int t = lane % 4, m = 16 * (warp % 2) + lane / 4;  // m: row in the 32-row block
+  const uint32_t block = sa + (warp / 2) * Cfg::kTf32MBlockBytes + (m % 4) * 4;
+  const int q0 = m / 4, q1 = q0 + 2;  // 16-byte chunks of rows m and m + 8
+  const uint32_t off[4] = {block + t * 128 + ((q0 ^ t) << 4), block + t * 128 + ((q1 ^ t) << 4),
+                           block + (t + 4) * 128 + ((q0 ^ (t + 4)) << 4),
+                           block + (t + 4) * 128 + ((q1 ^ (t + 4)) << 4)};
+#pragma unroll
+  for (int j = 0; j < Cfg::kKSteps; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) f[j][r] = sm90::LdShared32(off[r] + j * 1024);
+}
+
+// The k-steps of one stage with A from registers `f` (LoadTf32Fragments) and
+// K-major B at `sb`, committed as one group. The group reads `f` until it
+// retires: those registers must not be written before a wait covers it.
+template <typename Cfg>
+__device__ __forceinline__ void MmaStageTf32Rs(float (&d)[Cfg::kAcc],
+                                               const uint32_t (&f)[Cfg::kKSteps][4], uint32_t sb) {
   sm90::WgmmaFence();
 #pragma unroll
-  for (int j = 0; j < Cfg::kKSteps; ++j) {
-    const uint64_t da = kTransA ? sm90::MakeSmemDesc(sa + j * 2048, Cfg::kMnBlockBytes, 1024)
-                                : sm90::MakeSmemDesc(sa + j * 32, 16, 1024);
-    const uint64_t db = kTransB ? sm90::MakeSmemDesc(sb + j * 32, 16, 1024)
-                                : sm90::MakeSmemDesc(sb + j * 2048, Cfg::kMnBlockBytes, 1024);
-    // wgmma's transpose flags mean "MN-major": A transposed, B not transposed.
-    WgmmaM64N<T, Cfg::kBN, kTransA ? 1 : 0, kTransB ? 0 : 1>(d, da, db);
-  }
+  for (int j = 0; j < Cfg::kKSteps; ++j)
+    WgmmaM64NTf32Rs<Cfg::kBN>(d, f[j], sm90::MakeSmemDesc(sb + j * 32, 16, 1024));
   sm90::WgmmaCommit();
+}
+
+// The wgmma k-steps of one stage for one consumer warpgroup: `sa` is its
+// 64-row slab of A, `sb` the whole B stage. Commits them as one group. With
+// A from registers (kRegistersA) the caller must wait for this group to
+// retire before the next call, which reuses the fragment registers.
+template <typename T, bool kTransA, bool kTransB, typename Cfg>
+__device__ __forceinline__ void MmaStage(float (&d)[Cfg::kAcc], uint32_t sa, uint32_t sb) {
+  if constexpr (kRegistersA<T, kTransA>) {
+    static_assert(kTransB, "tf32 B is read K-major");
+    uint32_t f[Cfg::kKSteps][4];
+    LoadTf32Fragments<Cfg>(f, sa);
+    MmaStageTf32Rs<Cfg>(d, f, sb);
+  } else {
+    sm90::WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < Cfg::kKSteps; ++j) {
+      const uint64_t da = kTransA ? sm90::MakeSmemDesc(sa + j * 2048, Cfg::kMnBlockBytes, 1024)
+                                  : sm90::MakeSmemDesc(sa + j * 32, 16, 1024);
+      const uint64_t db = kTransB ? sm90::MakeSmemDesc(sb + j * 32, 16, 1024)
+                                  : sm90::MakeSmemDesc(sb + j * 2048, Cfg::kMnBlockBytes, 1024);
+      // wgmma's transpose flags mean "MN-major": A transposed, B not transposed.
+      WgmmaM64N<T, Cfg::kBN, kTransA ? 1 : 0, kTransB ? 0 : 1>(d, da, db);
+    }
+    sm90::WgmmaCommit();
+  }
 }
 
 // Writes a consumer warpgroup's 64 x (kAcc * 2) accumulator block whose
@@ -483,7 +535,12 @@ __global__ void __launch_bounds__(128, 1)
     const int s = kb % Cfg::kStages;
     sm90::MbarWait(bars + 8 * s, (kb / Cfg::kStages) & 1);
     MmaStage<T, kTransA, kTransB, Cfg>(d, stage_a(s), stage_b(s));
-    sm90::WgmmaWait<1>();  // k-block kb-1 has been read by this thread's warp
+    // k-block kb-1 has been read by this thread's warp (with A from
+    // registers: k-block kb too, whose fragment registers the next stage reuses)
+    if constexpr (kRegistersA<T, kTransA>)
+      sm90::WgmmaWait<0>();
+    else
+      sm90::WgmmaWait<1>();
     __syncthreads();  // ... and by every warp: refill its stage
     const int refill = kb - 1 + Cfg::kStages;
     if (threadIdx.x == 0 && kb >= 1 && refill < kblocks) {
@@ -582,16 +639,32 @@ __global__ void __launch_bounds__(384, 1)
       float d[Cfg::kAcc];
 #pragma unroll
       for (int i = 0; i < Cfg::kAcc; ++i) d[i] = 0.f;
-      for (int kb = kb0; kb < kb1; ++kb, ++it) {
-        const int s = it % Cfg::kStages;
-        sm90::MbarWait(full + 8 * s, (it / Cfg::kStages) & 1);
-        MmaStage<T, kTransA, kTransB, Cfg>(d, stage_a(s) + consumer * 64 * Cfg::kRowBytes,
-                                           stage_b(s));
-        sm90::WgmmaWait<1>();  // the previous k-block's group is done: release its stage
-        if (kb > kb0 && arriver) release((it - 1) % Cfg::kStages);
+      if constexpr (kRegistersA<T, kTransA>) {
+        // A from registers: ptxas serialises every wgmma (C7513) when the next
+        // stage's fragments are loaded while a group that reads registers is in
+        // flight, and a loop that reuses the registers unguarded computed wrong
+        // sums; so each stage waits for its own group and hands its slot back
+        // at once. The other consumer warpgroup keeps the tensor cores busy.
+        for (int kb = kb0; kb < kb1; ++kb, ++it) {
+          const int s = it % Cfg::kStages;
+          sm90::MbarWait(full + 8 * s, (it / Cfg::kStages) & 1);
+          MmaStage<T, kTransA, kTransB, Cfg>(d, stage_a(s) + consumer * 64 * Cfg::kRowBytes,
+                                             stage_b(s));
+          sm90::WgmmaWait<0>();
+          if (arriver) release(s);
+        }
+      } else {
+        for (int kb = kb0; kb < kb1; ++kb, ++it) {
+          const int s = it % Cfg::kStages;
+          sm90::MbarWait(full + 8 * s, (it / Cfg::kStages) & 1);
+          MmaStage<T, kTransA, kTransB, Cfg>(d, stage_a(s) + consumer * 64 * Cfg::kRowBytes,
+                                             stage_b(s));
+          sm90::WgmmaWait<1>();  // the previous k-block's group is done: release its stage
+          if (kb > kb0 && arriver) release((it - 1) % Cfg::kStages);
+        }
+        sm90::WgmmaWait<0>();
+        if (arriver) release((it - 1) % Cfg::kStages);
       }
-      sm90::WgmmaWait<0>();
-      if (arriver) release((it - 1) % Cfg::kStages);
       sm90::FenceRegisters(d);
       if (p.splits > 1) {  // this range's fp32 sums, dense, alpha and beta later
         TcParams q = p;

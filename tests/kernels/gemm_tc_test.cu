@@ -409,9 +409,18 @@ TEST(GemmTcApi, RefusesWithReasons) {
   EXPECT_FALSE(kernels::CanImplementGemmTc(f, ""));  // exact fp32 is not ours
   f.allow_tf32 = true;
   EXPECT_TRUE(kernels::CanImplementGemmTc(f, "mma_sync"));
-  EXPECT_FALSE(kernels::CanImplementGemmTc(f, "wgmma_ws"));  // tf32 wgmma needs K-major B
+  // tf32 wgmma reads B K-major, A K-major or from registers: NN runs as C^T
+  // (not on wgmma_tma, which writes C only), NT and TT as they lie, TN not.
+  EXPECT_TRUE(kernels::CanImplementGemmTc(f, "wgmma_ws"));
+  EXPECT_FALSE(kernels::CanImplementGemmTc(f, "wgmma_tma"));
   f.trans_b = true;
   EXPECT_TRUE(kernels::CanImplementGemmTc(f, "wgmma_ws"));
+  EXPECT_TRUE(kernels::CanImplementGemmTc(f, "wgmma_tma"));
+  f.trans_a = true;
+  EXPECT_TRUE(kernels::CanImplementGemmTc(f, "wgmma_persistent"));
+  f.trans_b = false;
+  EXPECT_FALSE(kernels::CanImplementGemmTc(f, "wgmma_persistent"));
+  EXPECT_TRUE(kernels::CanImplementGemmTc(f, "wgmma_packed"));
 
   GemmArgs m = a;
   m.lda = 65;  // 130 bytes: not a TMA stride
@@ -472,6 +481,27 @@ TEST(GemmTilePlan, SwapsThinProblemsOnlyWhenAllowed) {
   // 128 rows and more fill a tile's rows: never swapped.
   EXPECT_FALSE(kernels::ChooseWgmmaTilePlan(128, 4096, 64, 1, 132, 0, true).swap);
   EXPECT_FALSE(kernels::ChooseWgmmaTilePlan(4096, 16, 64, 1, 132, 0, true).swap);
+}
+
+// The default's choice for tf32 NN (heuristics/gemm_heuristics.h), host only.
+TEST(GemmVariant, Tf32NnTakesOursOnlyOnItsClasses) {
+  kernels::GemmShape s;
+  s.ab = DType::kF32;
+  s.tf32 = true;
+  s.tma_ok = true;
+  s.m = s.n = s.k = 1024;
+  s.batch = 8;  // a batch of large problems
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.beta = true;  // C^T read element by element: the vendor
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.beta = false;
+  s.batch = 1;  // one square: the vendor
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.m = s.n = 256;
+  s.k = 65536;  // long K over few outputs
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.trans_b = true;  // NT: the vendor
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
 }
 
 TEST(GemmTcApi, EmptyProblemIsANoOp) {

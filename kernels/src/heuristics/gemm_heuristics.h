@@ -47,6 +47,7 @@ struct GemmShape {
   bool tma_ok = false;    // A and B as TMA takes them (the wgmma rungs run)
   bool aligned = true;    // A's and B's bases, rows and batch strides on 16 bytes
   bool vendor_ok = true;  // the cuBLASLt fallback takes these arguments
+  bool beta = false;      // C is read (beta != 0)
   int sms = 132;
 };
 
@@ -67,6 +68,15 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // tf32 with A transposed and B not (TN): cuBLAS's tf32 TN kernels ran
   // ~1.6x slower than its NT ones; A copied K-major first: 1.02-1.16x.
   if (s.tf32 && s.trans_a && !s.trans_b && volume >= kGemmPackedMinVolume) return "wgmma_packed";
+  // tf32 NN (B N-major), which ours runs as C^T with B^T from registers
+  // (sweep-gemm.md runs 12-13): batches of large problems (8*1024^3, 16 x
+  // 256x4096x4096 with B shared: 1.17-1.21x) and long K over few outputs
+  // (K >= 64 max(M, N): 256x256x65536 1.33x, 512x512x32768 1.13x) are ahead
+  // of cuBLAS's tf32 NN kernels; beta is not (C^T read element by element).
+  if (s.tf32 && !s.trans_a && !s.trans_b && s.tma_ok && !s.beta) {
+    if (s.batch > 1 && volume >= kGemmPackedMinVolume) return "wgmma_splitk";
+    if (s.k >= 64 * std::max(s.m, s.n) && s.m * s.n >= 65536) return "wgmma_splitk";
+  }
   return "cublaslt";
 }
 
