@@ -255,6 +255,24 @@ TEST(GemvVariants, DefaultIsNamed) {
   a.lda = 64;
   a.a = reinterpret_cast<void*>(0x10004);  // not 16-byte aligned
   EXPECT_EQ(kernels::GemvVariantName(a, ""), "scalar");  // element loads, every column at once
+  // fp16 rows that forbid 16-byte loads (odd lda), 4 columns, long rows: the
+  // vendor; bf16 there, and fp16 on short rows: element loads.
+  a.dtype = a.y_type = DType::kF16;
+  a.a = reinterpret_cast<void*>(0x10000);
+  a.m = 777;
+  a.k = a.lda = 12345;
+  a.ncols = 4;
+  EXPECT_EQ(kernels::GemvVariantName(a, ""), "cublas");
+  a.dtype = a.y_type = DType::kBF16;
+  EXPECT_EQ(kernels::GemvVariantName(a, "").rfind("scalar", 0), 0u);
+  a.dtype = a.y_type = DType::kF16;
+  a.m = 12345;
+  a.k = a.lda = 777;
+  EXPECT_EQ(kernels::GemvVariantName(a, "").rfind("scalar", 0), 0u);
+  a.ncols = 3;
+  a.m = 777;
+  a.k = a.lda = 12345;
+  EXPECT_EQ(kernels::GemvVariantName(a, "").rfind("scalar", 0), 0u);
 }
 
 // Every listed variant name is lower-case and unique; the ladder is all there.

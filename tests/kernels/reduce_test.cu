@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -168,6 +169,7 @@ std::vector<ReduceCase> Cases() {
       {1, 3000, 256, 0, false},  {3, 1000, 64, 1, false},   {1, 4099, 4097, 0, true},
       {1000, 37, 1, 0, false},   {3, 7, 1, 1, false},       {513, 1024, 1, 0, false},
       {2, 1025, 1, 0, false},    {128, 3, 4096, 0, false},  {9, 5, 33, 1, false},
+      {3, 200001, 1, 1, false},
   };
   std::vector<ReduceCase> v;
   for (const std::string& var : kernels::ReduceVariants())
@@ -176,15 +178,15 @@ std::vector<ReduceCase> Cases() {
         // row_warp reduces rows only, col_thread columns only (each refuses
         // the other case: see ReduceRefusals).
         if (!(var == "row_warp" && s.inner > 1) && !(var == "col_thread" && s.inner == 1))
-        for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-          // The 16.8M-element shapes: fp32 SUM and bf16 MAX only (host time).
-          if (s.big && !(op == ReduceOp::kSum && t == DType::kF32) &&
-              !(op == ReduceOp::kMax && t == DType::kBF16))
-            continue;
-          // MEAN and MIN write the input dtype; SUM and MAX write fp32.
-          const DType out = (op == ReduceOp::kMean || op == ReduceOp::kMin) ? t : DType::kF32;
-          v.push_back({var, op, s.outer, s.axis, s.inner, t, out, s.off});
-        }
+          for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+            // The 16.8M-element shapes: fp32 SUM and bf16 MAX only (host time).
+            if (s.big && !(op == ReduceOp::kSum && t == DType::kF32) &&
+                !(op == ReduceOp::kMax && t == DType::kBF16))
+              continue;
+            // MEAN and MIN write the input dtype; SUM and MAX write fp32.
+            const DType out = (op == ReduceOp::kMean || op == ReduceOp::kMin) ? t : DType::kF32;
+            v.push_back({var, op, s.outer, s.axis, s.inner, t, out, s.off});
+          }
   return v;
 }
 
@@ -264,7 +266,11 @@ TEST(ReduceSinglePass, WorkspaceReusedAcrossShapesAndDeterministic) {
   struct Shape {
     int64_t outer, axis, inner;
   };
-  const Shape shapes[] = {{1, 2000003, 1}, {3, 70001, 1}, {1, 3000, 256}, {2, 5000, 33}};
+  // The first four take their tickets from the module's pool; 100 rows of
+  // 20001 split over blocks are more segments than it serves (workspace
+  // counters, cleared by the launch).
+  const Shape shapes[] = {
+      {1, 2000003, 1}, {3, 70001, 1}, {1, 3000, 256}, {2, 5000, 33}, {100, 20001, 1}};
   size_t ws_bytes = 0;
   for (const Shape& s : shapes) {
     ReduceArgs probe{reinterpret_cast<void*>(256), reinterpret_cast<void*>(256), s.outer, s.axis,
@@ -289,6 +295,68 @@ TEST(ReduceSinglePass, WorkspaceReusedAcrossShapesAndDeterministic) {
               << "not bitwise reproducible, shape " << s.outer << "x" << s.axis << "x" << s.inner;
         }
       }
+}
+
+// single_pass launches with few segments take tickets from one module-wide
+// pool and leave them at zero: many launches in flight on several streams at
+// once, of different shapes, each with its own workspace, must all find their
+// last blocks and give the bitwise result of a launch alone.
+TEST(ReduceSinglePass, PoolTicketsOnConcurrentStreams) {
+  GC_REQUIRE_GPU();
+  struct Shape {
+    int64_t outer, axis, inner;
+  };
+  const Shape shapes[] = {{1, 1000003, 1}, {5, 100003, 1}, {1, 20000, 64}, {64, 30001, 1}};
+  constexpr int kStreams = 8, kRounds = 6;
+  struct Job {
+    Input in;
+    std::unique_ptr<DeviceArray> d_in, d_out, ws;
+    ReduceArgs args;
+    std::vector<uint8_t> alone;
+  };
+  std::vector<Job> jobs;
+  for (int j = 0; j < kStreams; ++j) {
+    const Shape& sh = shapes[j % 4];
+    Job job;
+    job.in = RandomInput(size_t(sh.outer * sh.axis * sh.inner), DType::kF32);
+    job.d_in = std::make_unique<DeviceArray>(job.in.bytes.size());
+    job.d_in->Upload(job.in.bytes.data());
+    job.args = ReduceArgs{nullptr,     nullptr,    sh.outer,
+                          sh.axis,     sh.inner,   j % 2 ? ReduceOp::kMax : ReduceOp::kSum,
+                          DType::kF32, DType::kF32};
+    job.alone = LaunchAndFetch(job.in, job.args, "single_pass", 0, nullptr, job.d_in.get());
+    EXPECT_TRUE(
+        Close(job.alone, DType::kF32, Reduce(job.in, sh.outer, sh.axis, sh.inner, job.args.op)));
+    job.args.in = job.d_in->get();
+    job.d_out = std::make_unique<DeviceArray>(size_t(sh.outer * sh.inner) * 4);
+    job.args.out = job.d_out->get();
+    const size_t ws_bytes = kernels::ReduceWorkspaceBytes(job.args, "single_pass");
+    ASSERT_GT(ws_bytes, 0u) << "each shape should split across blocks";
+    job.ws = std::make_unique<DeviceArray>(ws_bytes);
+    jobs.push_back(std::move(job));
+  }
+  std::vector<cudaStream_t> streams(kStreams);
+  for (cudaStream_t& st : streams)
+    GC_ASSERT_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (int round = 0; round < kRounds; ++round) {
+    for (int j = 0; j < kStreams; ++j) {
+      jobs[j].d_out->Poison();
+      GC_ASSERT_CUDA(cudaDeviceSynchronize());
+    }
+    // Every stream gets several launches back to back; all streams at once.
+    for (int rep = 0; rep < 4; ++rep)
+      for (int j = 0; j < kStreams; ++j)
+        EXPECT_EQ(kernels::LaunchReduce(jobs[j].args, "single_pass", jobs[j].ws->get(), streams[j]),
+                  cudaSuccess);
+    GC_ASSERT_CUDA(cudaDeviceSynchronize());
+    for (int j = 0; j < kStreams; ++j) {
+      std::vector<uint8_t> got(jobs[j].alone.size());
+      jobs[j].d_out->Download(got.data());
+      EXPECT_EQ(std::memcmp(got.data(), jobs[j].alone.data(), got.size()), 0)
+          << "round " << round << ", stream " << j;
+    }
+  }
+  for (cudaStream_t st : streams) cudaStreamDestroy(st);
 }
 
 TEST(ReduceDeterminism, EveryVariantBitwiseReproducible) {
@@ -328,6 +396,8 @@ TEST(ReduceRefusals, RejectsBadArguments) {
   EXPECT_EQ(kernels::ReduceVariantName(all_small, ""), "row_warp");
   ReduceArgs all_large{p, p, 1, 1000000, 1, ReduceOp::kSum, DType::kF32, DType::kF32};
   EXPECT_EQ(kernels::ReduceVariantName(all_large, ""), "vec");
+  ReduceArgs few_long_rows{p, p, 8, 1000000, 1, ReduceOp::kSum, DType::kF32, DType::kF32};
+  EXPECT_EQ(kernels::ReduceVariantName(few_long_rows, ""), "vec");
   ReduceArgs short_axis{p, p, 128, 3, 4096, ReduceOp::kSum, DType::kF32, DType::kF32};
   EXPECT_EQ(kernels::ReduceVariantName(short_axis, ""), "col_thread");
   EXPECT_TRUE(kernels::CanImplementReduce(short_axis, "col_thread").ok);

@@ -35,7 +35,8 @@
 //   - fp32 with 5..8 columns: "scalar" (element loads; the 16-byte kernel
 //     holds too many accumulators and x vectors to keep loads in flight).
 //   - Pointers or a row stride that forbid 16-byte vectors: "scalar"
-//     (element loads, every column at once), split like batched.
+//     (element loads, every column at once), split like batched; but
+//     "cublas" for fp16 with 4 columns or more on long rows.
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMV_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMV_HEURISTICS_H_
 
@@ -102,6 +103,11 @@ inline int GemvSplitFor(const GemvShape& s, int64_t rows_per_warp, int sm_count,
 // 142.4 against 134.6, 2000 x 100000 112.1 against 100.8.
 inline constexpr int64_t kGemvRingMaxBytes = int64_t(64) << 20;
 inline constexpr int64_t kGemvRingMaxK = 2048;
+
+// fp16 A x on rows that forbid 16-byte loads: cuBLAS from this many columns
+// on rows of at least this many elements (see ChooseGemv).
+inline constexpr int kGemvScalarVendorMinColumns16 = 4;
+inline constexpr int64_t kGemvScalarVendorMinK16 = 4096;
 
 // A^T x: fp32 with 5..8 columns runs ours (trans_split) from this many
 // columns of op(A) (m); 16-bit with 5..8 columns from this k, or on fewer
@@ -210,6 +216,14 @@ inline std::string_view ChooseGemv(const GemvShape& s, int sm_count) {
        s.m * s.k * int64_t(DTypeSize(s.dtype)) <= kGemvRingMaxBytes))
     return "mma_ring";
   if (s.vendor_ok && !fp32 && s.ncols >= kGemvMmaMinColumns) return "cublas";
+  // fp16 rows that forbid 16-byte loads, 4 columns or more, long rows: the
+  // element-load kernels issue a load per 2 bytes of A and fall behind
+  // cuBLAS's GemmEx (777 x 12345, n = 4: 21.4 against 18.9 us); for bf16
+  // the vendor is slower there (23.3 against 21.7), and on short rows ours
+  // lead in both (12345 x 777: 13.1 against 16.3).
+  if (s.vendor_ok && s.dtype == DType::kF16 && !s.vector_friendly &&
+      s.ncols >= kGemvScalarVendorMinColumns16 && s.k >= kGemvScalarVendorMinK16)
+    return "cublas";
   if (s.vendor_ok && !fp32 && s.ncols == 1 && s.m >= kGemvVendorMinRows16 &&
       s.k >= kGemvVendorMinK16)
     return "cublas";

@@ -71,9 +71,11 @@ std::string ReduceVariantName(const ReduceArgs& args, std::string_view variant);
 
 // Bytes of device workspace LaunchReduce needs for these arguments and
 // variant (0 when none). Its contents on entry do not matter: where a rung
-// needs counters at zero (single_pass split over blocks), the launch clears
-// them on `stream` first. Launches that share a workspace must not run
-// concurrently.
+// needs counters at zero (single_pass split over blocks, with more output
+// segments than its module-wide ticket pool serves), the launch clears them
+// on `stream` first. Launches that share a workspace must not run
+// concurrently; single_pass launches that take pool tickets may, up to 16383
+// in flight on a device at once (src/reduce.cu, g_ticket_pool).
 size_t ReduceWorkspaceBytes(const ReduceArgs& args, std::string_view variant);
 
 // Enqueues the reduction on `stream`. `workspace` must hold
