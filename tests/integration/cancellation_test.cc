@@ -252,9 +252,17 @@ TEST(CancellationTest, SigtermAnswersCallsWaitingForAdmissionUnavailable) {
   EXPECT_EQ(WEXITSTATUS(*status), 0) << (*server)->Log();
   EXPECT_LT(took, absl::Milliseconds(1500))
       << "--shutdown_timeout=1s, yet the server exited " << took << " after SIGTERM";
+  // Every call is answered: OK if its GEMM finished inside the 1 s window
+  // (on a fast host the one computing at the signal may, and a waiting one
+  // admitted after it; the GEMM's size is fixed by the admission budget,
+  // not calibrated to the host), else UNAVAILABLE, never CANCELLED. Four
+  // such GEMMs, one at a time, do not all fit in the window.
+  int unavailable = 0;
   for (const absl::Status& s : statuses) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(s.ok() || s.code() == absl::StatusCode::kUnavailable) << s;
+    unavailable += s.code() == absl::StatusCode::kUnavailable;
   }
+  EXPECT_GE(unavailable, 1) << "every call waiting for admission was served";
 }
 
 }  // namespace
