@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -721,7 +722,15 @@ TEST_F(ResidentTest, FreeIsAllOrNoneAndOnce) {
 // is dropped, not published: the caller never learns its handle.
 TEST_F(ResidentTest, AResultKeptForACallerThatLeftIsDropped) {
   auto client = NewClient(Session("left"));
-  const v1::GemmRequest gemm = MakeGemm(v1::FLOAT32, {.m = 1536, .n = 1536, .k = 1536});
+  // Sized from a timed probe to about a second of work on this server's
+  // devices (whatever their number and speed); the caller leaves after 50 ms.
+  constexpr int64_t kProbe = 512;
+  const v1::GemmRequest probe = MakeGemm(v1::FLOAT32, {.m = kProbe, .n = kProbe, .k = kProbe});
+  absl::StatusOr<v1::GemmResponse> timed = client->Gemm(probe);
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  const double scale = std::cbrt(1.0 / std::max(timed->timings().kernel_seconds(), 1e-4));
+  const int64_t size = std::clamp<int64_t>(int64_t(kProbe * scale) / 64 * 64, 1024, 8192);
+  const v1::GemmRequest gemm = MakeGemm(v1::FLOAT32, {.m = size, .n = size, .k = size});
   auto a = client->Upload(gemm.a());
   auto b = client->Upload(gemm.b());
   ASSERT_TRUE(a.ok() && b.ok());
@@ -729,14 +738,22 @@ TEST_F(ResidentTest, AResultKeptForACallerThatLeftIsDropped) {
   *on_handles.mutable_a() = HandleTensor(a->handle());
   *on_handles.mutable_b() = HandleTensor(b->handle());
   on_handles.mutable_options()->set_keep_output(true);
-  // About a second of work on the CPU backend; the caller leaves after 50 ms.
   auto left = client->Gemm(on_handles, {.timeout = absl::Milliseconds(50)});
-  EXPECT_EQ(left.status().code(), absl::StatusCode::kDeadlineExceeded) << left.status();
-  // The same work again, answered: by then the first has finished as well.
-  on_handles.mutable_options()->set_keep_output(false);
-  auto answered = client->Gemm(on_handles);
-  ASSERT_TRUE(answered.ok()) << answered.status();
-  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(left.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << left.status() << " (GEMM " << size << "^3 fp32; the probe's " << kProbe << "^3 took "
+      << timed->timings().kernel_seconds() << " s)";
+  // Once the server holds no request (its work stopped or finished and was
+  // dropped), the session holds only the operands.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  double inflight = -1;
+  while (absl::Now() < until) {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    inflight = MetricSum(*text, "gpucompute_inflight_requests");
+    if (inflight == 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(inflight, 0) << "the abandoned GEMM was still held 30 s later";
   auto list = client->ListTensors();
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_EQ(list->tensors_size(), 2)
