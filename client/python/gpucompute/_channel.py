@@ -123,6 +123,8 @@ class Settings:
     bfloat16: str = "auto"
     channel_options: Sequence[Tuple[str, Any]] = ()
     connect_timeout: float = 1.0
+    transfer_processes: int = 0
+    transfer_staging_bytes: int = 2 << 30
 
     def check(self) -> None:
         """INVALID_ARGUMENT for inconsistent settings (as the C++ Client::Create); NOT_FOUND
@@ -158,6 +160,11 @@ class Settings:
             raise invalid("keepalive_seconds", "negative")
         if not self.connect_timeout >= 0:
             raise invalid("connect_timeout", "negative")
+        if not 0 <= self.transfer_processes <= MAX_STREAMS:
+            raise invalid("transfer_processes",
+                          f"{self.transfer_processes} is not in [0, {MAX_STREAMS}]")
+        if self.transfer_staging_bytes < 1:
+            raise invalid("transfer_staging_bytes", "must be positive")
 
     def channel_target(self) -> str:
         """The target the channels connect to (see channel_target())."""

@@ -22,7 +22,7 @@ import grpc
 import grpc.aio
 import numpy as np
 
-from gpucompute import _offload, _transfer, ops
+from gpucompute import _offload, _transfer, _workers, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
 from gpucompute._channel import SERVICE, Deadline, Settings, split_transfer, wait_connected
@@ -50,7 +50,8 @@ class Client(Operations):
                  keepalive_seconds: float = 300.0, retries: bool = True,
                  bfloat16: str = "auto",
                  channel_options: Sequence[Tuple[str, Any]] = (),
-                 connect_timeout: float = 1.0) -> None:
+                 connect_timeout: float = 1.0, transfer_processes: int = 0,
+                 transfer_staging_bytes: int = 2 << 30) -> None:
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
             lb_policy=lb_policy, use_tls=use_tls, root_certs_path=root_certs_path,
@@ -60,13 +61,20 @@ class Client(Operations):
             parallel_min_bytes=parallel_min_bytes, offload_min_bytes=offload_min_bytes,
             keepalive_seconds=keepalive_seconds,
             retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options),
-            connect_timeout=connect_timeout)
+            connect_timeout=connect_timeout, transfer_processes=transfer_processes,
+            transfer_staging_bytes=transfer_staging_bytes)
         self._settings.check()
         self._credentials = self._settings.credentials()
         self._settings.metadata()
         self._channel = self._new_channel(None)
         self._methods: dict = {}
         self._transfer_channels: List[grpc.aio.Channel] = []
+        # Transfer worker processes (Client's transfer_processes); their blocking calls run
+        # in the event loop's default executor.
+        self._transfer_workers: Optional[_workers.TransferWorkers] = None
+        if transfer_processes > 0 and not self._settings.balanced():
+            self._transfer_workers = _workers.TransferWorkers(
+                self._settings, transfer_processes, transfer_staging_bytes)
 
     @property
     def settings(self) -> Settings:
@@ -211,6 +219,11 @@ class Client(Operations):
         data = op.data if op.data is not None else memoryview(b"")
         n_streams, chunk = self._settings.transfer(streams, chunk_bytes)
         parts = split_transfer(data.nbytes, n_streams, self._settings.parallel_min_bytes)
+        workers = self._transfer_workers
+        if len(parts) > 1 and workers is not None and workers.acquire(data.nbytes):
+            info = await _run_by_workers(workers, _workers.upload, op, data, device, chunk,
+                                         deadline, wait_for_ready)
+            return Resident.from_info(info)
         headers = _transfer.upload_headers(op, parts, device)
         metadata = self._settings.metadata()
 
@@ -264,6 +277,12 @@ class Client(Operations):
             first.cancel()
             raise
         parts = split_transfer(info.bytes, n_streams, self._settings.parallel_min_bytes)
+        workers = self._transfer_workers
+        if len(parts) > 1 and workers is not None and workers.acquire(info.bytes):
+            first.cancel()  # the workers download every byte
+            await _run_by_workers(workers, _workers.download, h, sink, chunk, deadline,
+                                  wait_for_ready)
+            return sink.array
 
         async def receive_first() -> None:
             taken = _transfer.Range(0, info.bytes, parts[0][1])
@@ -368,12 +387,15 @@ class Client(Operations):
             writer.cancel()
 
     async def close(self) -> None:
-        """Closes the channels; calls in flight are cancelled."""
+        """Closes the channels (calls in flight are cancelled) and ends the transfer
+        workers."""
         channels = [self._channel] + self._transfer_channels
         self._transfer_channels = []
         self._methods.clear()
         for ch in channels:
             await ch.close()
+        if self._transfer_workers is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._transfer_workers.close)
 
     async def __aenter__(self) -> "Client":
         return self
@@ -401,3 +423,20 @@ async def _gather(coroutines: Sequence[Any]) -> List[Any]:
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+
+async def _run_by_workers(workers: _workers.TransferWorkers, transfer: Any, *args: Any) -> Any:
+    """transfer(workers, *args) (_workers.upload or download) on the loop's executor, the
+    workers acquired by the caller and released when it returns. A task cancelled meanwhile
+    cancels the workers' streams; they are released once those have ended."""
+    def run() -> Any:
+        try:
+            return transfer(workers, *args)
+        finally:
+            workers.release()
+
+    future = asyncio.get_running_loop().run_in_executor(None, run)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        workers.cancel()
+        raise

@@ -107,6 +107,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--gemm", type=int, default=8192, help="M = N = K of the large bf16 GEMM")
     p.add_argument("--transfer_mib", type=int, default=1024)
     p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--transfer_processes", type=int, default=0,
+                   help="the client's transfer_processes (0: threads)")
     p.add_argument("--offload_min_bytes", type=int, default=64 << 20,
                    help="operations whose inline operands reach this many bytes go through "
                         "resident tensors (Python and CLI); 0: always one message")
@@ -125,7 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         keep_freed_host_memory()
     cases = set(args.only.split(","))
     client = gpucompute.Client(args.server, default_timeout=args.timeout, streams=args.streams,
-                               offload_min_bytes=args.offload_min_bytes, bfloat16="bits")
+                               offload_min_bytes=args.offload_min_bytes, bfloat16="bits",
+                               transfer_processes=args.transfer_processes)
     rng = np.random.default_rng(0)
     rows: List[Tuple[str, str, float, Optional[float], str]] = []
     cli_flags = [f"--timeout={int(args.timeout)}s", f"--streams={args.streams}",
@@ -190,6 +193,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "upload" in cases or "download" in cases:
         n = args.transfer_mib << 20
         x = rng.integers(0, 2**16, n // 2, dtype=np.uint16)
+        streams_note = f"{args.streams} streams"
+        if args.transfer_processes:
+            streams_note = f"{args.transfer_processes} processes; the CLI {streams_note}"
         if "upload" in cases:
             t = _p50(lambda: client.upload(x), args.requests, args.warmup,
                      after=lambda h: client.free(h))
@@ -199,8 +205,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    ["upload", f"--bytes={n}", "--dtype=bfloat16",
                                     f"--requests={args.requests}", *cli_flags],
                                    "upload") / 1e9
-            add(f"upload {args.transfer_mib} MiB", "GB/s", n / t / 1e9, cli,
-                f"{args.streams} streams")
+            add(f"upload {args.transfer_mib} MiB", "GB/s", n / t / 1e9, cli, streams_note)
         if "download" in cases:
             h = client.upload(x)
             t = _p50(lambda: client.download(h), args.requests, args.warmup)
@@ -211,8 +216,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    ["download", f"--bytes={n}", "--dtype=bfloat16",
                                     f"--requests={args.requests}", *cli_flags],
                                    "download") / 1e9
-            add(f"download {args.transfer_mib} MiB", "GB/s", n / t / 1e9, cli,
-                f"{args.streams} streams")
+            add(f"download {args.transfer_mib} MiB", "GB/s", n / t / 1e9, cli, streams_note)
     if "small" in cases:
         a = rng.uniform(-1, 1, (64, 64)).astype(np.float32)
         t = _p50(lambda: client.gemm(a, a), args.small_requests, 50)

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 import grpc
 import numpy as np
 
-from gpucompute import _offload, _transfer, _wire, ops
+from gpucompute import _offload, _transfer, _wire, _workers, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
 from gpucompute._channel import (SERVICE, Deadline, Settings, split_transfer,
@@ -118,6 +118,15 @@ class Client(Operations):
         failed connection attempt is repeated after 0.1 s, growing to 5 s. 0: calls fail at
         once while gRPC backs off after a failed attempt, even when the server is up again.
         Calls with wait_for_ready wait for their deadline instead.
+      transfer_processes: 0, or the number of worker processes that move the bytes of
+        parallel uploads and downloads (and so of offloaded operations), each over a
+        connection of its own, instead of this process's threads. grpcio copies every
+        message's bytes with the interpreter lock held, so threads share one core's copy
+        rate; processes do not. Started on first use (about 0.2 s), closed with the client;
+        one transfer at a time uses them (others meanwhile use threads). Linux (memfd) only.
+      transfer_staging_bytes: the largest transfer that goes through the worker processes:
+        the buffer they share with this process grows to the largest transfer so far (and
+        stays mapped until close()); larger transfers use threads.
     Errors: ComputeError(INVALID_ARGUMENT) for inconsistent options, NOT_FOUND for a TLS or
     token file that cannot be read.
     """
@@ -132,7 +141,8 @@ class Client(Operations):
                  keepalive_seconds: float = 300.0, retries: bool = True,
                  bfloat16: str = "auto",
                  channel_options: Sequence[Tuple[str, Any]] = (),
-                 connect_timeout: float = 1.0) -> None:
+                 connect_timeout: float = 1.0, transfer_processes: int = 0,
+                 transfer_staging_bytes: int = 2 << 30) -> None:
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
             lb_policy=lb_policy, use_tls=use_tls, root_certs_path=root_certs_path,
@@ -142,7 +152,8 @@ class Client(Operations):
             parallel_min_bytes=parallel_min_bytes, offload_min_bytes=offload_min_bytes,
             keepalive_seconds=keepalive_seconds,
             retries=retries, bfloat16=bfloat16, channel_options=tuple(channel_options),
-            connect_timeout=connect_timeout)
+            connect_timeout=connect_timeout, transfer_processes=transfer_processes,
+            transfer_staging_bytes=transfer_staging_bytes)
         self._settings.check()
         self._credentials = self._settings.credentials()
         self._settings.metadata()  # a token file that cannot be read fails here
@@ -150,6 +161,10 @@ class Client(Operations):
         self._methods: dict = {}
         self._lock = threading.Lock()
         self._transfer_channels: List[grpc.Channel] = []
+        self._transfer_workers: Optional[_workers.TransferWorkers] = None
+        if transfer_processes > 0 and not self._settings.balanced():
+            self._transfer_workers = _workers.TransferWorkers(
+                self._settings, transfer_processes, transfer_staging_bytes)
 
     @property
     def settings(self) -> Settings:
@@ -310,6 +325,13 @@ class Client(Operations):
         data = op.data if op.data is not None else memoryview(b"")
         n_streams, chunk = self._settings.transfer(streams, chunk_bytes)
         parts = split_transfer(data.nbytes, n_streams, self._settings.parallel_min_bytes)
+        workers = self._transfer_workers
+        if len(parts) > 1 and workers is not None and workers.acquire(data.nbytes):
+            try:
+                return Resident.from_info(_workers.upload(
+                    workers, op, data, device, chunk, deadline, wait_for_ready))
+            finally:
+                workers.release()
         headers = _transfer.upload_headers(op, parts, device)
         metadata = self._settings.metadata()
         group = _Group()
@@ -369,6 +391,14 @@ class Client(Operations):
             first.cancel()
             raise
         parts = split_transfer(info.bytes, n_streams, self._settings.parallel_min_bytes)
+        workers = self._transfer_workers
+        if len(parts) > 1 and workers is not None and workers.acquire(info.bytes):
+            first.cancel()  # the workers download every byte
+            try:
+                _workers.download(workers, h, sink, chunk, deadline, wait_for_ready)
+                return sink.array
+            finally:
+                workers.release()
 
         def receive_first() -> None:
             taken = _transfer.Range(0, info.bytes, parts[0][1])
@@ -475,13 +505,16 @@ class Client(Operations):
             call.cancel()
 
     def close(self) -> None:
-        """Closes the channels; calls in flight are cancelled."""
+        """Closes the channels (calls in flight are cancelled) and ends the transfer
+        workers (after the transfer they run, if any)."""
         with self._lock:
             channels = [self._channel] + self._transfer_channels
             self._transfer_channels = []
             self._methods.clear()
         for ch in channels:
             ch.close()
+        if self._transfer_workers is not None:
+            self._transfer_workers.close()
 
     def __enter__(self) -> "Client":
         return self

@@ -1,0 +1,398 @@
+"""Transfer worker processes: the bytes of large uploads and downloads moved by processes of
+their own (Client(transfer_processes=N)).
+
+grpcio turns every message it receives into a `bytes` object (and every one it sends into a
+slice) with the interpreter lock held, so the streams of one process share one core's copy
+rate however many there are. Workers are separate interpreters, each with its connection:
+the client puts an upload's bytes into a staging buffer that they share (a memfd, mapped by
+each), and they write a download's bytes straight into it; the client then copies between the
+staging buffer and the caller's array on several threads (numpy copies run without the lock).
+
+Workers are started with subprocess (`python -m gpucompute._worker_main`), not multiprocessing,
+so that the caller's main module is never imported again in them. They read jobs from stdin
+and answer on stdout (length-prefixed pickles), and exit when stdin closes (the client
+closed, or its process ended).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import mmap
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import grpc
+import numpy as np
+
+from gpucompute import _transfer
+from gpucompute._channel import split_transfer
+from gpucompute.errors import ComputeError
+
+# The staging buffer: a control page, then the tensor's bytes. The control page holds the
+# number of the transfer that is cancelled (8 bytes, little-endian): workers read it before
+# each message and stop their call when it is theirs.
+_CONTROL_BYTES = 4096
+_LENGTH = struct.Struct("<Q")
+_COPY_THREADS = 4
+_COPY_MIN_BYTES = 8 << 20
+
+
+def _send(stream: Any, value: Any) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LENGTH.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: Any) -> Any:
+    """The next value on `stream`, or EOFError when it closed."""
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError
+    size = _LENGTH.unpack(head)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[:] = src for flat uint8 arrays of one size, on up to _COPY_THREADS threads."""
+    n = dst.nbytes
+    if n < _COPY_MIN_BYTES:
+        np.copyto(dst, src)
+        return
+    step = (n + _COPY_THREADS - 1) // _COPY_THREADS
+    threads = [threading.Thread(target=np.copyto, args=(dst[i:i + step], src[i:i + step]))
+               for i in range(step, n, step)]
+    for t in threads:
+        t.start()
+    np.copyto(dst[:step], src[:step])
+    for t in threads:
+        t.join()
+
+
+class _Staging:
+    """A memfd of `size` tensor bytes after the control page, mapped here; workers open it as
+    /proc/<pid>/fd/<fd>."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.fd = os.memfd_create("gpucompute-staging", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, _CONTROL_BYTES + size)
+            self.map = mmap.mmap(self.fd, _CONTROL_BYTES + size)
+        except OSError:
+            os.close(self.fd)
+            raise
+        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+        self.data = np.frombuffer(self.map, np.uint8, count=size, offset=_CONTROL_BYTES)
+
+    def cancel(self, transfer: int) -> None:
+        self.map[0:8] = transfer.to_bytes(8, "little")
+
+    def close(self) -> None:
+        del self.data
+        try:
+            self.map.close()
+        except BufferError:  # a view is still exported: the mapping goes with it
+            pass
+        os.close(self.fd)
+
+
+class _Worker:
+    """One worker process and the pipe ends the client talks to it through."""
+
+    def __init__(self, settings: Any, index: int) -> None:
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpucompute._worker_main"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, env=env, close_fds=True)
+        _send(self.process.stdin, (settings, index))
+
+    def call(self, job: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        """Runs `job` in the worker: ('ok', value) or ('error', code name, message)."""
+        try:
+            _send(self.process.stdin, job)
+            return _receive(self.process.stdout)
+        except (EOFError, OSError, ValueError):
+            return ("error", "UNAVAILABLE",
+                    f"transfer worker {self.process.pid} exited "
+                    f"(status {self.process.poll()})")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+
+
+class TransferWorkers:
+    """`count` worker processes of one client, started on first use, and their staging buffer
+    (grown to the largest transfer, at most `staging_max_bytes`). One transfer uses them at a
+    time: acquire() says whether this one may."""
+
+    def __init__(self, settings: Any, count: int, staging_max_bytes: int) -> None:
+        self.count = count
+        self._settings = settings
+        self._staging_max = staging_max_bytes
+        self._busy = threading.Lock()
+        self._workers: List[_Worker] = []
+        self._staging: Optional[_Staging] = None
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._transfer = 0
+        self._cancelled = False
+        self._closed = False
+
+    def acquire(self, nbytes: int) -> bool:
+        """True when a transfer of `nbytes` may go through the workers now (release() after);
+        False when they are busy with another, it is larger than the staging limit, or the
+        platform has no memfd."""
+        if nbytes > self._staging_max or not hasattr(os, "memfd_create"):
+            return False
+        if not self._busy.acquire(blocking=False):
+            return False
+        self._cancelled = False
+        try:
+            if self._closed:
+                raise ValueError("closed")
+            if self._staging is None or self._staging.size < nbytes:
+                if self._staging is not None:
+                    self._staging.close()
+                    self._staging = None
+                self._staging = _Staging(max(nbytes, 1))
+            self._workers = [w if w.alive() else _Worker(self._settings, i)
+                             for i, w in enumerate(self._workers)]
+            while len(self._workers) < self.count:
+                self._workers.append(_Worker(self._settings, len(self._workers)))
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.count, thread_name_prefix="gpucompute-transfer")
+        except (OSError, ValueError):
+            self._busy.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        self._busy.release()
+
+    def cancel(self) -> None:
+        """Stops the streams of the transfer acquired (from another thread): those running
+        end, and run() starts none."""
+        self._cancelled = True
+        staging = self._staging
+        if staging is not None:
+            staging.cancel(self._transfer)
+
+    @property
+    def staging(self) -> np.ndarray:
+        assert self._staging is not None
+        return self._staging.data
+
+    def run(self, jobs: List[Tuple[Any, ...]]) -> List[Any]:
+        """Runs jobs[i] on worker i (each job without its transfer number and staging, which
+        are added); the values in order, or the first failure as ComputeError after the other
+        jobs were cancelled and finished. Called between acquire() and release()."""
+        assert self._staging is not None and self._pool is not None
+        self._transfer += 1
+        transfer = self._transfer
+        staging = self._staging
+        if self._cancelled:
+            raise ComputeError(grpc.StatusCode.CANCELLED, "the transfer was cancelled")
+        head = (transfer, staging.path, staging.size)
+        futures = [self._pool.submit(self._workers[i].call, (job[0],) + head + job[1:])
+                   for i, job in enumerate(jobs)]
+        failure: Optional[Tuple[str, str]] = None
+        values = []
+        for future in concurrent.futures.as_completed(futures):
+            answer = future.result()
+            if answer[0] != "ok" and failure is None:
+                failure = (answer[1], answer[2])
+                staging.cancel(transfer)
+        if failure is not None:
+            raise ComputeError(getattr(grpc.StatusCode, failure[0], grpc.StatusCode.UNKNOWN),
+                               failure[1])
+        for future in futures:
+            values.append(future.result()[1])
+        return values
+
+    def close(self) -> None:
+        with self._busy:
+            self._closed = True
+            for w in self._workers:
+                w.close()
+            self._workers = []
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
+            if self._staging is not None:
+                self._staging.close()
+                self._staging = None
+
+
+def upload(workers: TransferWorkers, op: Any, data: memoryview, device: Optional[int],
+           chunk: int, deadline: Any, wait_for_ready: bool) -> Any:
+    """An upload's parallel streams run by `workers` (acquired): its bytes copied into the
+    staging buffer, then a part per worker. The TensorInfo the server answered."""
+    n = data.nbytes
+    parallel_copy(workers.staging[:n], np.frombuffer(data, np.uint8))
+    parts = split_transfer(n, workers.count, 0)
+    headers = _transfer.upload_headers(op, parts, device)
+    answers = workers.run([("upload", headers[i], begin, end, chunk, deadline.remaining(),
+                            wait_for_ready) for i, (begin, end) in enumerate(parts)])
+    return _transfer.same_tensor([_transfer.upload_response(r) for r in answers])
+
+
+def download(workers: TransferWorkers, handle: str, sink: _transfer.Sink, chunk: int,
+             deadline: Any, wait_for_ready: bool) -> None:
+    """A download's parallel streams run by `workers` (acquired): a part per worker into the
+    staging buffer, then copied into the sink."""
+    n = sink.info.bytes
+    workers.run([("download", handle, begin, end, n, chunk, deadline.remaining(),
+                  wait_for_ready) for begin, end in split_transfer(n, workers.count, 0)])
+    parallel_copy(sink.flat, workers.staging[:n])
+
+
+# The worker process.
+
+class _Mapped:
+    """The staging buffer as a worker maps it: put() is a download sink."""
+
+    def __init__(self, path: str, size: int) -> None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.map = mmap.mmap(fd, _CONTROL_BYTES + size)
+        finally:
+            os.close(fd)
+        self.path, self.size = path, size
+        self.view = memoryview(self.map)
+        self.data = self.view[_CONTROL_BYTES:]
+
+    def cancelled(self, transfer: int) -> bool:
+        return int.from_bytes(self.view[0:8], "little") == transfer
+
+    def put(self, offset: int, data: memoryview) -> None:
+        self.data[offset:offset + data.nbytes] = data
+
+    def close(self) -> None:
+        self.data.release()
+        self.view.release()
+        self.map.close()
+
+
+class _Server:
+    """A worker's state: its channel and the staging buffer it mapped last."""
+
+    def __init__(self, settings: Any, index: int) -> None:
+        self.settings = settings
+        args = settings.channel_args(index)
+        credentials = settings.credentials()
+        target = settings.channel_target()
+        self.channel = (grpc.insecure_channel(target, options=args) if credentials is None
+                        else grpc.secure_channel(target, credentials, options=args))
+        self.mapped: Optional[_Mapped] = None
+
+    def map(self, path: str, size: int) -> _Mapped:
+        if self.mapped is None or self.mapped.path != path or self.mapped.size != size:
+            if self.mapped is not None:
+                self.mapped.close()
+            self.mapped = _Mapped(path, size)
+        return self.mapped
+
+    def download(self, transfer: int, path: str, size: int, handle: str, begin: int, end: int,
+                 tensor_bytes: int, chunk: int, timeout: Optional[float],
+                 wait_for_ready: bool) -> int:
+        """Bytes [begin, end) of `handle` into the staging buffer."""
+        mapped = self.map(path, size)
+        call = self.channel.unary_stream(_DOWNLOAD)(
+            _transfer.download_request(handle, begin, end - begin, chunk), timeout=timeout,
+            metadata=self.settings.metadata(), wait_for_ready=wait_for_ready)
+        taken = _transfer.Range(begin, end, end)
+        for j, raw in enumerate(call):
+            if mapped.cancelled(transfer):
+                call.cancel()
+                raise ComputeError(grpc.StatusCode.CANCELLED, "another stream failed")
+            m, d = _transfer.read_download(raw)
+            if j == 0 and (m.tensor.handle != handle or m.tensor.bytes != tensor_bytes):
+                raise ComputeError(grpc.StatusCode.INTERNAL,
+                                   f"download: the stream of bytes [{begin}, {end}) began "
+                                   f"with another TensorInfo ({m.tensor.handle!r}, "
+                                   f"{m.tensor.bytes} bytes) than the first")
+            taken.take(m, d, mapped)
+        taken.finished()
+        return end - begin
+
+    def upload(self, transfer: int, path: str, size: int, header: bytes, begin: int, end: int,
+               chunk: int, timeout: Optional[float], wait_for_ready: bool) -> bytes:
+        """One part's Upload stream from the staging buffer; the UploadResponse."""
+        mapped = self.map(path, size)
+        call: Any = None
+
+        def messages() -> Any:
+            for message in _transfer.upload_messages(header, mapped.data, (begin, end), chunk):
+                if mapped.cancelled(transfer):
+                    if call is not None:
+                        call.cancel()
+                    return
+                yield message
+
+        call = self.channel.stream_unary(_UPLOAD).future(
+            messages(), timeout=timeout, metadata=self.settings.metadata(),
+            wait_for_ready=wait_for_ready)
+        return call.result()
+
+
+_SERVICE = "/gpucompute.v1.Compute/"
+_DOWNLOAD = _SERVICE + "Download"
+_UPLOAD = _SERVICE + "Upload"
+
+
+def main() -> None:
+    """The worker: (settings, index) first, then jobs until stdin closes."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the client's Ctrl-C is the client's
+    from gpucompute._host_memory import keep_freed_host_memory
+    keep_freed_host_memory()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write to the answer pipe
+    try:
+        settings, index = _receive(stdin)
+    except EOFError:
+        return
+    server = _Server(settings, index)
+    handlers: Dict[str, Callable[..., Any]] = {"download": server.download,
+                                               "upload": server.upload}
+    while True:
+        try:
+            job = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            answer: Tuple[Any, ...] = ("ok", handlers[job[0]](*job[1:]))
+        except ComputeError as e:
+            answer = ("error", e.code.name, e.message)
+        except grpc.RpcError as e:
+            error = ComputeError.from_rpc_error(e)
+            answer = ("error", error.code.name, error.message)
+        except grpc.FutureCancelledError:
+            answer = ("error", "CANCELLED", "another stream failed")
+        except Exception as e:  # reported to the client, which raises it
+            answer = ("error", "INTERNAL", f"transfer worker: {type(e).__name__}: {e}")
+        _send(stdout, answer)
+
