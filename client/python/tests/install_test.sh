@@ -26,4 +26,6 @@ assert compute_pb2.GemmRequest.FromString(compute_pb2.GemmRequest(beta=1).Serial
 print("installed at", gpucompute.__file__)
 PY
 "$work/venv/bin/python" -m gpucompute.bench --help > /dev/null
+# The transfer worker's entry point is installed, and a worker whose client is gone exits.
+"$work/venv/bin/python" -m gpucompute._worker_main < /dev/null
 test -x "$work/venv/bin/gpucompute-py-bench"
