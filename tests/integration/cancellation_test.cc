@@ -59,6 +59,13 @@ bool WaitFor(Done done, absl::Duration timeout) {
 // A square fp32 GEMM on the "naive" variant (plain loops: the most work for
 // the fewest bytes on the wire) that takes about `seconds` alone on this
 // server's CPU device, sized from one timed run of a small one.
+// The largest SlowGemm: its operands stay under the client's 64 MiB
+// offload_min_bytes (one unary call, not uploads), and four at once fit in
+// kSlowGemmInflightFlag's budget (a 2816^3 fp32 call holds about 130 MiB
+// while served).
+constexpr int64_t kSlowGemmMaxSize = 2816;
+constexpr char kSlowGemmInflightFlag[] = "--max_inflight_bytes=2147483648";
+
 v1::GemmRequest SlowGemm(const Client& client, double seconds) {
   constexpr int64_t kProbe = 384;
   v1::GemmRequest probe = MakeGemm(v1::FLOAT32, {.m = kProbe, .n = kProbe, .k = kProbe});
@@ -67,7 +74,7 @@ v1::GemmRequest SlowGemm(const Client& client, double seconds) {
   double kernel = 0.05;
   if (timed.ok()) kernel = std::max(timed->timings().kernel_seconds(), 1e-3);
   const double scale = std::cbrt(seconds / kernel);
-  const int64_t size = std::clamp<int64_t>(int64_t(kProbe * scale), kProbe, 2048);
+  const int64_t size = std::clamp<int64_t>(int64_t(kProbe * scale), kProbe, kSlowGemmMaxSize);
   v1::GemmRequest slow = MakeGemm(v1::FLOAT32, {.m = size, .n = size, .k = size});
   slow.mutable_options()->set_variant("naive");
   return slow;
@@ -77,7 +84,8 @@ TEST(CancellationTest, CallsThatLeaveStopComputing) {
   // One CPU device (both cores) and a worker per call: all four slow GEMMs
   // compute at once, and a fifth request needs one of their workers.
   GC_SKIP_IF_DEVICES_OVERRIDDEN();
-  auto server = ServerProcess::Start({"--cpu_devices=1", "--worker_threads=4"});
+  auto server =
+      ServerProcess::Start({"--cpu_devices=1", "--worker_threads=4", kSlowGemmInflightFlag});
   ASSERT_TRUE(server.ok()) << server.status();
   auto client = (*server)->NewClient(absl::Seconds(60));
   const int metrics = (*server)->metrics_port();
@@ -171,8 +179,8 @@ TEST(CancellationTest, CallsThatLeaveStopComputing) {
 TEST(CancellationTest, SigtermWithSlowGemmsInFlightExitsWithinTheTimeout) {
   GC_SKIP_IF_DEVICES_OVERRIDDEN();
   constexpr int kInFlight = 4;
-  auto server =
-      ServerProcess::Start({"--cpu_devices=1", "--worker_threads=4", "--shutdown_timeout=1s"});
+  auto server = ServerProcess::Start(
+      {"--cpu_devices=1", "--worker_threads=4", "--shutdown_timeout=1s", kSlowGemmInflightFlag});
   ASSERT_TRUE(server.ok()) << server.status();
   auto client = (*server)->NewClient(absl::Seconds(60));
   const int metrics = (*server)->metrics_port();
