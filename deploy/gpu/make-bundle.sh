@@ -18,7 +18,8 @@ cmake --build --preset h200 -j "$(nproc)" --target gpucompute-server gpucompute 
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
    build/h200/tests/integration/integration_test deploy/gpu/verify-server.sh deploy/gpu/check-multi-gpu.sh \
-   deploy/gpu/bench-data-path.sh deploy/gpu/sweep-memops.sh deploy/gpu/sweep-gemm.sh \
+   deploy/gpu/bench-data-path.sh deploy/gpu/bench-python.sh deploy/gpu/sweep-memops.sh \
+   deploy/gpu/sweep-gemm.sh \
    deploy/gpu/sweep-attention.sh build/h200/tests/sweep/gc_sweep_memops \
    build/h200/tests/sweep/gc_sweep_gemm build/h200/tests/sweep/gc_sweep_attention \
    tests/sweep/torch_vendor.py tests/sweep/gemm_table.py tests/sweep/attention_vendor.py \
