@@ -30,7 +30,7 @@ import grpc
 import numpy as np
 
 from gpucompute import _transfer
-from gpucompute._channel import split_transfer
+from gpucompute._channel import Deadline, split_transfer
 from gpucompute.errors import ComputeError
 
 # The staging buffer: a control page, then the tensor's bytes. The control page holds the
@@ -205,10 +205,14 @@ class TransferWorkers:
         assert self._staging is not None
         return self._staging.data
 
-    def run(self, jobs: List[Tuple[Any, ...]]) -> List[Any]:
+    def run(self, jobs: List[Tuple[Any, ...]], before: Optional[Callable[[int], None]] = None,
+            after: Optional[Callable[[int], None]] = None) -> List[Any]:
         """Runs jobs[i] on worker i (each job without its transfer number and staging, which
         are added); the values in order, or the first failure as ComputeError after the other
-        jobs were cancelled and finished. Called between acquire() and release()."""
+        jobs were cancelled and finished. before(i) runs here just before job i is sent (an
+        upload's part copied in while the parts before it are sent), after(i) here once job i
+        succeeded (a download's part copied out while the later ones arrive). Called between
+        acquire() and release()."""
         assert self._staging is not None and self._pool is not None
         self._transfer += 1
         transfer = self._transfer
@@ -216,21 +220,45 @@ class TransferWorkers:
         if self._cancelled:
             raise ComputeError(grpc.StatusCode.CANCELLED, "the transfer was cancelled")
         head = (transfer, staging.path, staging.size)
-        futures = [self._pool.submit(self._workers[i].call, (job[0],) + head + job[1:])
-                   for i, job in enumerate(jobs)]
+        futures: Dict[Any, int] = {}
+        settled: set = set()
         failure: Optional[Tuple[str, str]] = None
-        values = []
-        for future in concurrent.futures.as_completed(futures):
-            answer = future.result()
-            if answer[0] != "ok" and failure is None:
-                failure = (answer[1], answer[2])
-                staging.cancel(transfer)
+
+        def settle(done: Any) -> None:
+            nonlocal failure
+            answer = done.result()
+            if answer[0] != "ok":
+                if failure is None:
+                    failure = (answer[1], answer[2])
+                    staging.cancel(transfer)
+            elif after is not None and failure is None:
+                after(futures[done])
+
+        try:
+            for i, job in enumerate(jobs):
+                if failure is not None:
+                    break
+                if before is not None:
+                    before(i)
+                futures[self._pool.submit(self._workers[i].call,
+                                          (job[0],) + head + job[1:])] = i
+                for done in [f for f in futures if f.done() and f not in settled]:
+                    settled.add(done)
+                    settle(done)
+            for done in concurrent.futures.as_completed(list(futures)):
+                if done not in settled:
+                    settled.add(done)
+                    settle(done)
+        except BaseException:
+            # (KeyboardInterrupt included.) The parts sent stop, and their answers are
+            # waited for: a worker talks to one transfer at a time.
+            staging.cancel(transfer)
+            concurrent.futures.wait(list(futures))
+            raise
         if failure is not None:
             raise ComputeError(getattr(grpc.StatusCode, failure[0], grpc.StatusCode.UNKNOWN),
                                failure[1])
-        for future in futures:
-            values.append(future.result()[1])
-        return values
+        return [f.result()[1] for f in sorted(futures, key=futures.__getitem__)]
 
     def close(self) -> None:
         with self._busy:
@@ -248,25 +276,39 @@ class TransferWorkers:
 
 def upload(workers: TransferWorkers, op: Any, data: memoryview, device: Optional[int],
            chunk: int, deadline: Any, wait_for_ready: bool) -> Any:
-    """An upload's parallel streams run by `workers` (acquired): its bytes copied into the
-    staging buffer, then a part per worker. The TensorInfo the server answered."""
+    """An upload's parallel streams run by `workers` (acquired): a part per worker, each
+    copied into the staging buffer just before its worker is sent it. The TensorInfo the
+    server answered."""
     n = data.nbytes
-    parallel_copy(workers.staging[:n], np.frombuffer(data, np.uint8))
+    src = np.frombuffer(data, np.uint8)
+    staging = workers.staging
     parts = split_transfer(n, workers.count, 0)
     headers = _transfer.upload_headers(op, parts, device)
-    answers = workers.run([("upload", headers[i], begin, end, chunk, deadline.remaining(),
-                            wait_for_ready) for i, (begin, end) in enumerate(parts)])
+
+    def copy_in(i: int) -> None:
+        begin, end = parts[i]
+        parallel_copy(staging[begin:end], src[begin:end])
+
+    answers = workers.run([("upload", headers[i], begin, end, chunk, deadline, wait_for_ready)
+                           for i, (begin, end) in enumerate(parts)],
+                          before=copy_in)
     return _transfer.same_tensor([_transfer.upload_response(r) for r in answers])
 
 
 def download(workers: TransferWorkers, handle: str, sink: _transfer.Sink, chunk: int,
              deadline: Any, wait_for_ready: bool) -> None:
     """A download's parallel streams run by `workers` (acquired): a part per worker into the
-    staging buffer, then copied into the sink."""
+    staging buffer, each copied into the sink as soon as its worker is done."""
     n = sink.info.bytes
-    workers.run([("download", handle, begin, end, n, chunk, deadline.remaining(),
-                  wait_for_ready) for begin, end in split_transfer(n, workers.count, 0)])
-    parallel_copy(sink.flat, workers.staging[:n])
+    staging = workers.staging
+    parts = split_transfer(n, workers.count, 0)
+
+    def copy_out(i: int) -> None:
+        begin, end = parts[i]
+        parallel_copy(sink.flat[begin:end], staging[begin:end])
+
+    workers.run([("download", handle, begin, end, n, chunk, deadline, wait_for_ready)
+                 for begin, end in parts], after=copy_out)
 
 
 # The worker process.
@@ -316,12 +358,13 @@ class _Server:
         return self.mapped
 
     def download(self, transfer: int, path: str, size: int, handle: str, begin: int, end: int,
-                 tensor_bytes: int, chunk: int, timeout: Optional[float],
-                 wait_for_ready: bool) -> int:
-        """Bytes [begin, end) of `handle` into the staging buffer."""
+                 tensor_bytes: int, chunk: int, deadline: Deadline, wait_for_ready: bool) -> int:
+        """Bytes [begin, end) of `handle` into the staging buffer. (`deadline` is the client's:
+        the monotonic clock is the host's.)"""
         mapped = self.map(path, size)
         call = self.channel.unary_stream(_DOWNLOAD)(
-            _transfer.download_request(handle, begin, end - begin, chunk), timeout=timeout,
+            _transfer.download_request(handle, begin, end - begin, chunk),
+            timeout=deadline.remaining(),
             metadata=self.settings.metadata(), wait_for_ready=wait_for_ready)
         taken = _transfer.Range(begin, end, end)
         for j, raw in enumerate(call):
@@ -339,7 +382,7 @@ class _Server:
         return end - begin
 
     def upload(self, transfer: int, path: str, size: int, header: bytes, begin: int, end: int,
-               chunk: int, timeout: Optional[float], wait_for_ready: bool) -> bytes:
+               chunk: int, deadline: Deadline, wait_for_ready: bool) -> bytes:
         """One part's Upload stream from the staging buffer; the UploadResponse."""
         mapped = self.map(path, size)
         call: Any = None
@@ -353,7 +396,7 @@ class _Server:
                 yield message
 
         call = self.channel.stream_unary(_UPLOAD).future(
-            messages(), timeout=timeout, metadata=self.settings.metadata(),
+            messages(), timeout=deadline.remaining(), metadata=self.settings.metadata(),
             wait_for_ready=wait_for_ready)
         return call.result()
 
