@@ -88,6 +88,17 @@ def read_download(raw: bytes) -> Tuple[pb.DownloadResponse, memoryview]:
     return pb.DownloadResponse.FromString(rest), datas.get((3,), memoryview(b""))
 
 
+def check_part(message: pb.DownloadResponse, handle: str, nbytes: int, begin: int,
+               end: int) -> None:
+    """INTERNAL unless the first message of the stream of bytes [begin, end) describes the
+    tensor the first stream did (`handle`, `nbytes`)."""
+    if message.tensor.handle != handle or message.tensor.bytes != nbytes:
+        raise ComputeError(grpc.StatusCode.INTERNAL,
+                           f"download: the stream of bytes [{begin}, {end}) began with another "
+                           f"TensorInfo ({message.tensor.handle!r}, {message.tensor.bytes} "
+                           "bytes) than the first")
+
+
 class Sink:
     """Where a download's bytes go: a flat uint8 view of the destination array, with the
     checks of each chunk's place in its stream's range."""

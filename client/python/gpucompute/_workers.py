@@ -372,11 +372,8 @@ class _Server:
                 call.cancel()
                 raise ComputeError(grpc.StatusCode.CANCELLED, "another stream failed")
             m, d = _transfer.read_download(raw)
-            if j == 0 and (m.tensor.handle != handle or m.tensor.bytes != tensor_bytes):
-                raise ComputeError(grpc.StatusCode.INTERNAL,
-                                   f"download: the stream of bytes [{begin}, {end}) began "
-                                   f"with another TensorInfo ({m.tensor.handle!r}, "
-                                   f"{m.tensor.bytes} bytes) than the first")
+            if j == 0:
+                _transfer.check_part(m, handle, tensor_bytes, begin, end)
             taken.take(m, d, mapped)
         taken.finished()
         return end - begin

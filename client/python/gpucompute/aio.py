@@ -309,11 +309,12 @@ class Client(Operations):
             j = 0
             async for raw in call:
                 m, d = _transfer.read_download(raw)
-                if j == 0 and (m.tensor.handle != info.handle or m.tensor.bytes != info.bytes):
-                    call.cancel()
-                    raise ComputeError(grpc.StatusCode.INTERNAL,
-                                       f"download: the stream of bytes [{begin}, {end}) began "
-                                       "with another TensorInfo than the first")
+                if j == 0:
+                    try:
+                        _transfer.check_part(m, info.handle, info.bytes, begin, end)
+                    except ComputeError:
+                        call.cancel()
+                        raise
                 taken.take(m, d, sink)
                 j += 1
             taken.finished()

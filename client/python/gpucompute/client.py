@@ -422,11 +422,8 @@ class Client(Operations):
             taken = _transfer.Range(begin, end, end)
             for j, raw in enumerate(call):
                 m, d = _transfer.read_download(raw)
-                if j == 0 and (m.tensor.handle != info.handle or m.tensor.bytes != info.bytes):
-                    raise ComputeError(grpc.StatusCode.INTERNAL,
-                                       f"download: the stream of bytes [{begin}, {end}) began "
-                                       f"with another TensorInfo ({m.tensor.handle!r}, "
-                                       f"{m.tensor.bytes} bytes) than the first")
+                if j == 0:
+                    _transfer.check_part(m, info.handle, info.bytes, begin, end)
                 taken.take(m, d, sink)
             taken.finished()
 
