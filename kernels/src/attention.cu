@@ -74,6 +74,10 @@
 //                 96 / 80 at D128 (long unmasked rows) / D192 / D256. The
 //                 default: geomean 0.996x -> 1.152x the faster of cuDNN and
 //                 FA2, 18 -> 58 of 106 shapes >= 1.0x, minimum 0.62 -> 0.82x.
+//                 Then (runs 15-17, 2026-12-04) O by TMA store through
+//                 shared memory, each tile worked out once by the producer,
+//                 wgmma descriptors stepped by one add: 1.152x -> 1.198x,
+//                 58 -> 81 of 106 >= 1.0x, minimum 0.82 -> 0.86x.
 // Best version against the floor: 692 TFLOP/s at d 128 (B1 H16 S16384,
 // non-causal, sweep run 12) is 70% of the ~990 TFLOP/s dense bf16 peak (cuDNN
 // 687 on the same shape); decode streams K/V at 4.2 TB/s, the copy ceiling.
@@ -379,10 +383,17 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
       !MakeTensorMap(&tk, a.k, a.dtype, a.batch * a.heads_kv, a.seq_kv, d, Tile::kBc) ||
       !MakeTensorMap(&tv, a.v, a.dtype, a.batch * a.heads_kv, a.seq_kv, d, Tile::kBc))
     return cudaErrorNotSupported;
+  // 16-bit O of one key split leaves through shared memory by TMA (64-row
+  // boxes: one consumer warpgroup's rows); fp32 O and key-split partials are
+  // stored by the threads.
+  CUtensorMap to{};
+  int o_tma = !p.o_f32 && p.num_splits == 1 ? 1 : 0;
+  if (o_tma && !MakeTensorMap(&to, a.o, a.dtype, a.batch * a.heads_q, a.seq_q, d, 64))
+    return cudaErrorNotSupported;
   auto kernel = FlashWgmmaKernel<M, Tile, kCausal, kSched>;
   // Per launch, not once: the attribute belongs to the current device.
-  const cudaError_t attr = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Tile::kSmemBytes));
+  const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                int(Tile::kStagedSmemBytes));
   if (attr != cudaSuccess) return attr;
   // Persistent (one block per SM: the shared memory allows no second one)
   // where there are more tiles than SMs, else one tile per block.
@@ -395,9 +406,14 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
       return e;
   }
   dim3 grid(unsigned(persistent ? SmCount() : tiles));
-  // A block that runs one tile never uses the second Q slot.
-  const size_t smem = persistent ? Tile::kSmemBytes : Tile::kOneTileSmemBytes;
-  kernel<<<grid, Tile::kThreads, smem, stream>>>(tq, tk, tv, p);
+  // A block that runs one tile never uses the second Q slot; a persistent
+  // one stages O in a buffer of its own where that fits.
+  size_t smem = persistent ? Tile::kSmemBytes : Tile::kOneTileSmemBytes;
+  if (o_tma && persistent && Tile::kOStaged) {
+    o_tma = 2;
+    smem = Tile::kStagedSmemBytes;
+  }
+  kernel<<<grid, Tile::kThreads, smem, stream>>>(tq, tk, tv, to, p, o_tma);
   return cudaGetLastError();
 }
 

@@ -10,8 +10,9 @@
 // into a kStages-deep ring. Each copy lands on its own "full" mbarrier
 // (transaction count); a K or V stage is refilled only after every consumer
 // warp has arrived on its "empty" mbarrier (K as soon as Q K^T has read it,
-// V after P V). The tile's number travels with its Q, so the consumers follow
-// whatever order the producer chose.
+// V after P V). Each tile travels with its Q (its rows, head and key range,
+// worked out by the producer), so the consumers follow whatever order the
+// producer chose.
 // The other warpgroups are consumers, 64 query rows apiece: S = Q K^T by wgmma
 // with both operands in shared memory (K-major, 128-byte swizzle, exactly as
 // TMA wrote them), the mask and online softmax on the accumulators in
@@ -48,6 +49,17 @@
 // (eight rows) and steps 32 bytes per k16 inside a panel; the N-major V
 // operand has SBO = 1024 (eight keys) and LBO = one panel (to the next 64
 // columns of head_dim).
+//
+// The epilogue: 16-bit O leaves by TMA store (sweep run 15 against 13: 58 ->
+// 69 of 106 shapes at or past the vendor): each consumer warpgroup writes its
+// 64 rows, normalised and swizzled, into shared memory (in persistent grids
+// a staging buffer where it fits, else its rows of Q's slot) and one of
+// its threads stores each panel; fp32 O and key-split partials are stored by
+// the threads. Per-tile costs weigh where a tile has one or two key blocks
+// (Nsight Compute at 128 keys: 1.25x cuDNN's instructions and 1.24x its
+// time), so the producer works each tile out once and hands it over with its
+// Q, and the wgmma descriptors are made once and stepped by one add (run 16:
+// B128 H32 S128 D64 84 -> 78 us).
 #ifndef GPUCOMPUTE_KERNELS_SRC_ATTENTION_WGMMA_CUH_
 #define GPUCOMPUTE_KERNELS_SRC_ATTENTION_WGMMA_CUH_
 
@@ -86,8 +98,8 @@ struct WgmmaTile {
   static constexpr int kKVBytes = kBc * kD * 2;          // (kBc, kD), one of K or V
   // Q full and empty (two slots each), then per stage K full, V full, K
   // empty and V empty (K is handed back as soon as Q K^T has read it), then
-  // the work tile of each Q slot (4 bytes each).
-  static constexpr int kBarrierBytes = 8 * (4 + 4 * kStages) + 8;
+  // the work tile of each Q slot (32 bytes each).
+  static constexpr int kBarrierBytes = 8 * (4 + 4 * kStages) + 64;
   // From the 1024-aligned base: Q slot 0, the K ring, the V ring, the
   // barriers, then Q slot 1 (the next tile's Q loads while this one's is
   // still read) where it fits; only a persistent grid uses it: a grid of one
@@ -98,6 +110,13 @@ struct WgmmaTile {
   static constexpr int kQSlots = 1024 + kQ1Offset + kQBytes <= 227 * 1024 ? 2 : 1;
   static constexpr size_t kSmemBytes =
       kQSlots == 2 ? 1024 + kQ1Offset + kQBytes : kOneTileSmemBytes;
+  // A persistent grid stages O for its TMA store in a buffer of its own
+  // after Q slot 1 where that fits (kD = 64, and 128 on 128-key tiles), so
+  // that Q's slot goes back to the producer before the epilogue; else O is
+  // staged in Q's slot, which goes back once the store has read it.
+  static constexpr size_t kOStageOffset = (kQ1Offset + kQBytes + 1023) / 1024 * 1024;
+  static constexpr bool kOStaged = kQSlots == 2 && 1024 + kOStageOffset + kQBytes <= 227 * 1024;
+  static constexpr size_t kStagedSmemBytes = kOStaged ? 1024 + kOStageOffset + kQBytes : kSmemBytes;
   static constexpr int kProducerRegs = kConsumers == 3 ? 24 : 40;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : 240);
   static_assert(kD % 64 == 0 && kD <= 256, "padded head_dim 64, 128, 192 or 256");
@@ -320,7 +339,8 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
 
 // The mbarriers, 8 bytes each from `base`: Q full (two slots), then per stage
 // K full, V full, K empty and V empty, then Q empty (two slots); then the
-// work tile whose Q each slot holds (-1: no more tiles).
+// work tile whose Q each slot holds, as the producer worked it out
+// (StoreWork, LoadWork: the consumers do no division per tile).
 template <int kStages>
 struct WgmmaBars {
   uint32_t base;
@@ -330,7 +350,7 @@ struct WgmmaBars {
   __device__ uint32_t kempty(int s) const { return base + 8u * (2 + 2 * kStages + s); }
   __device__ uint32_t vempty(int s) const { return base + 8u * (2 + 3 * kStages + s); }
   __device__ uint32_t qempty(int slot) const { return base + 8u * (2 + 4 * kStages + slot); }
-  __device__ uint32_t tile(int slot) const { return base + 8u * (4 + 4 * kStages) + 4u * slot; }
+  __device__ uint32_t work(int slot) const { return base + 8u * (4 + 4 * kStages) + 32u * slot; }
 };
 
 // One work tile: kBr query rows of one (batch, query head) against one split
@@ -373,25 +393,57 @@ __device__ __forceinline__ WgmmaWork WgmmaTileWork(const AttnParams& p, int tile
   return w;
 }
 
+// A work tile in shared memory at `addr` (20 bytes): nblocks first, -1 for
+// "no more tiles" (the rest then unset).
+__device__ __forceinline__ void StoreWork(uint32_t addr, const WgmmaWork& w) {
+  sm90::StShared32(addr, uint32_t(w.nblocks));
+  sm90::StShared32(addr + 4, uint32_t(w.m0));
+  sm90::StShared32(addr + 8, uint32_t(w.bh));
+  sm90::StShared32(addr + 12, uint32_t(w.key_begin));
+  sm90::StShared32(addr + 16, uint32_t(w.split));
+}
+// The fields past nblocks (bkv, the producer's alone, is not kept).
+__device__ __forceinline__ void LoadWork(uint32_t addr, WgmmaWork& w) {
+  w.m0 = int(sm90::LdShared32(addr + 4));
+  w.bh = int(sm90::LdShared32(addr + 8));
+  w.key_begin = int(sm90::LdShared32(addr + 12));
+  w.split = int(sm90::LdShared32(addr + 16));
+  w.bkv = 0;
+}
+
 template <typename M, typename Tile, bool kCausal, int kSched>
-__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const WgmmaWork& work,
-                                              int kv0, int q_slot, uint32_t s_q, uint32_t s_k,
-                                              uint32_t s_v, const WgmmaBars<Tile::kStages>& bar);
+__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, const CUtensorMap* tmap_o,
+                                              uint32_t s_o, int cw, const WgmmaWork& work, int kv0,
+                                              int q_slot, uint32_t s_q, uint32_t s_k, uint32_t s_v,
+                                              const WgmmaBars<Tile::kStages>& bar);
+
+// A 128-thread barrier of one consumer warpgroup (ids 4.., after the turns'
+// barriers 1..3).
+__device__ __forceinline__ void WarpgroupBarrierSync(int cw) {
+  asm volatile("bar.sync %0, 128;" ::"r"(4 + cw) : "memory");
+}
 
 // Block b starts with tile b and takes the next from p.tile_counter when it
 // is set (zeroed before the launch; tiles gridDim.x, gridDim.x + 1, ... in
 // the order the blocks ask), else tiles b + gridDim.x, b + 2 gridDim.x, ...
-// (a persistent grid with one block per SM, or one tile per block). The
-// producer runs ahead across tiles: Q has up to two slots, so the next tile's
-// Q loads (once every consumer warp is done with the tile that used that slot
-// before, on its "q empty" mbarrier) together with its first K/V tiles while
-// the consumers still work on the current one. The K/V ring's stage and phase
+// (a persistent grid with one block per SM, or one tile per block).
+// With o_tma (16-bit O, no key splits) each consumer warpgroup writes its
+// rows of O into shared memory and one of its threads stores them with TMA
+// through tmap_o (a map like Q's with 64-row boxes), which clips the rows
+// past seq_q and the columns past head_dim: with o_tma == 2 into its rows of
+// the O staging buffer (Tile::kOStaged, launched with kStagedSmemBytes), else
+// into its rows of the tile's Q slot. Else the threads store O themselves.
+// The producer runs ahead across tiles: Q has up to two slots, so the next
+// tile's Q loads (once every consumer warp is done with the tile that used
+// that slot before, on its "q empty" mbarrier) together with its first K/V
+// tiles while the consumers still work on the current one. The K/V ring's stage and phase
 // follow a block count that runs on across tiles.
 template <typename M, typename Tile, bool kCausal, int kSched>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     FlashWgmmaKernel(const __grid_constant__ CUtensorMap tmap_q,
                      const __grid_constant__ CUtensorMap tmap_k,
-                     const __grid_constant__ CUtensorMap tmap_v, const AttnParams p) {
+                     const __grid_constant__ CUtensorMap tmap_v,
+                     const __grid_constant__ CUtensorMap tmap_o, const AttnParams p, int o_tma) {
   constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kStages = Tile::kStages;
   extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
   const uint32_t base = (SmemAddr(wg_smem_raw) + 1023u) & ~1023u;
@@ -422,9 +474,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    // Producer: one thread picks the tiles and issues every copy. Each tile's
-    // number goes to the consumers with its Q (written before the arrival on
-    // the slot's "q full" barrier, read after the wait on it); -1 ends.
+    // Producer: one thread picks the tiles and issues every copy. Each tile
+    // goes to the consumers with its Q (written before the arrival on the
+    // slot's "q full" barrier, read after the wait on it); -1 ends.
     sm90::SetMaxRegistersDec<Tile::kProducerRegs>();
     if (threadIdx.x == 0) {
       constexpr uint32_t kQTx = uint32_t(Tile::kPanels * kBr * 128);
@@ -442,7 +494,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         const WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks);
         const int slot = claim_slot();
         ++q_use;
-        sm90::StShared32(bar.tile(slot), uint32_t(tile));
+        StoreWork(bar.work(slot), w);
         if (w.nblocks == 0) {
           // Rows that see no key (or an empty key split): written, not read.
           sm90::MbarArrive(bar.q(slot));
@@ -471,7 +523,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         kv += w.nblocks;
       }
       const int slot = claim_slot();
-      sm90::StShared32(bar.tile(slot), uint32_t(-1));
+      sm90::StShared32(bar.work(slot), uint32_t(-1));
       sm90::MbarArrive(bar.q(slot));
     }
   } else {
@@ -484,15 +536,20 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     // after the wait compiled under the 168-register entry cap, with 208
     // bytes of spills and serialised wgmmas at head_dim 128.)
     int kv = 0, q_use = 0;
+    const CUtensorMap* o_map = o_tma ? &tmap_o : nullptr;
+    const uint32_t s_o = Tile::kOStaged && o_tma == 2 ? base + uint32_t(Tile::kOStageOffset) : 0;
+    // The next tile's key block count (-1: none left).
     auto next_tile = [&] {
       const int slot = q_use % Tile::kQSlots;
       sm90::MbarWaitOrTrap(bar.q(slot), uint32_t((q_use / Tile::kQSlots) & 1));
-      return int(sm90::LdShared32(bar.tile(slot)));
+      return int(sm90::LdShared32(bar.work(slot)));
     };
-    for (int tile = next_tile(); tile >= 0; tile = next_tile()) {
-      const WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks);
-      ConsumeBlocks<M, Tile, kCausal, kSched>(p, wg - 1, w, kv, q_use % Tile::kQSlots, s_q, s_k,
-                                              s_v, bar);
+    for (int nblocks = next_tile(); nblocks >= 0; nblocks = next_tile()) {
+      WgmmaWork w;
+      w.nblocks = nblocks;
+      LoadWork(bar.work(q_use % Tile::kQSlots), w);
+      ConsumeBlocks<M, Tile, kCausal, kSched>(p, o_map, s_o, wg - 1, w, kv, q_use % Tile::kQSlots,
+                                              s_q, s_k, s_v, bar);
       kv += w.nblocks;
       ++q_use;
     }
@@ -505,9 +562,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 // kv0 is the ring's block count at the tile's first block; the tile's Q has
 // landed in slot q_slot (a tile without key blocks only writes its rows).
 template <typename M, typename Tile, bool kCausal, int kSched>
-__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const WgmmaWork& work,
-                                              int kv0, int q_slot, uint32_t s_q, uint32_t s_k,
-                                              uint32_t s_v, const WgmmaBars<Tile::kStages>& bar) {
+__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, const CUtensorMap* tmap_o,
+                                              uint32_t s_o, int cw, const WgmmaWork& work, int kv0,
+                                              int q_slot, uint32_t s_q, uint32_t s_k, uint32_t s_v,
+                                              const WgmmaBars<Tile::kStages>& bar) {
   const int m0 = work.m0, bh = work.bh, nblocks = work.nblocks;
   constexpr bool kInTurns = kSchedInTurns<kSched> && Tile::kConsumers > 1;
   constexpr bool kPipelined = kSched == kSchedPipelined || kSched == kSchedOverlap;
@@ -539,29 +597,34 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const
   const uint32_t q_rows = (q_slot ? s_q + uint32_t(Tile::kQ1Offset) : s_q) + 64 * cw * 128;
   uint32_t pa[kBc / 16][4];  // P of the block whose P V is next
 
+  // Operand descriptors: made once, stepped by one add each (a descriptor
+  // built per k step from its address cost ~4 instructions, per warp and
+  // block; that weighs where a tile has one or two key blocks).
+  const uint64_t q_desc = sm90::MakeSmemDesc(q_rows, 16, 1024);
+  const uint64_t k_desc = sm90::MakeSmemDesc(s_k, 16, 1024);
+  const uint64_t v_desc = sm90::MakeSmemDesc(s_v, kBc * 128, 1024);
+
   // S = Q K^T of block n, issued and committed (not waited for).
   auto issue_qk = [&](int n) {
-    const uint32_t k_tile = s_k + stage(n) * Tile::kKVBytes;
+    const uint64_t k_tile = sm90::SmemDescAdvance(k_desc, stage(n) * Tile::kKVBytes);
     sm90::FenceRegisters(s_flat);
     sm90::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t da =
-          sm90::MakeSmemDesc(q_rows + (kk >> 2) * kBr * 128 + (kk & 3) * 32, 16, 1024);
-      const uint64_t db =
-          sm90::MakeSmemDesc(k_tile + (kk >> 2) * kBc * 128 + (kk & 3) * 32, 16, 1024);
+      const uint64_t da = sm90::SmemDescAdvance(q_desc, (kk >> 2) * kBr * 128 + (kk & 3) * 32);
+      const uint64_t db = sm90::SmemDescAdvance(k_tile, (kk >> 2) * kBc * 128 + (kk & 3) * 32);
       WgmmaQK<M, kBc>(s_flat, da, db, kk > 0 ? 1 : 0);
     }
     sm90::WgmmaCommit();
   };
   // O += P V of block n, issued and committed.
   auto issue_pv = [&](int n) {
-    const uint32_t v_tile = s_v + stage(n) * Tile::kKVBytes;
+    const uint64_t v_tile = sm90::SmemDescAdvance(v_desc, stage(n) * Tile::kKVBytes);
     sm90::FenceRegisters(o_flat);
     sm90::WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaPV<M, kD>(o_flat, pa[kk], sm90::MakeSmemDesc(v_tile + kk * 16 * 128, kBc * 128, 1024));
+      WgmmaPV<M, kD>(o_flat, pa[kk], sm90::SmemDescAdvance(v_tile, kk * 16 * 128));
     sm90::WgmmaCommit();
   };
   // Mask and online softmax of block n's S (in place: S becomes P, fp32);
@@ -662,12 +725,51 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, int cw, const
     release(bar.vempty(stage(nblocks - 1)));
   }
 
+  float inv[2], lse[2];
+  FinishRows(m, l, inv, lse, p.scale);
+  if (tmap_o) {
+    // (Each release of Q's slot sits in its branch: one before the branch,
+    // taken or not, cost the D64 and D128 pipelined kernels their wgmma
+    // overlap, ptxas C7512.)
+    if (s_o) release(bar.qempty(q_slot));
+    // O in this warpgroup's rows of the staging buffer (once the last store
+    // from it has read it: its thread waited for that before this barrier)
+    // or of Q's slot (every product that read Q has completed), with the
+    // 128-byte swizzle TMA reads: 16-byte chunk c of row r at chunk
+    // c ^ (r % 8), so that a warp's 32 stores of one n8 tile hit 32 banks;
+    // then one thread stores each 64-column panel that holds some of
+    // head_dim, and waits until the store has read shared memory.
+    const uint32_t o_rows = s_o ? s_o + 64 * cw * 128 : q_rows;
+    if (s_o) WarpgroupBarrierSync(cw);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * w + g + 8 * hh;  // r % 8 == g
+#pragma unroll
+      for (int j = 0; j < kDT; ++j)
+        sm90::StShared32(o_rows + (j / 8) * kBr * 128 + r * 128 + (((j % 8) ^ g) << 4) + 4 * t,
+                         PackPair<M>(o[j][2 * hh] * inv[hh], o[j][2 * hh + 1] * inv[hh]));
+      if (t == 0 && p.lse && row[hh] < p.seq_q) p.lse[int64_t(bh) * p.seq_q + row[hh]] = lse[hh];
+    }
+    sm90::FenceProxyAsync();
+    WarpgroupBarrierSync(cw);
+    if (ltid == 0) {
+#pragma unroll
+      for (int c = 0; c < Tile::kPanels; ++c)
+        if (64 * c < p.head_dim && wg_row0 < p.seq_q)
+          sm90::TmaStore3d(tmap_o, o_rows + c * kBr * 128, 64 * c, wg_row0, bh);
+      sm90::BulkCommitGroup();
+      // Staged in Q's slot, the slot goes back once the store has read it
+      // (for the warpgroup's four warps). (A wait or release any later, in
+      // the tile loop, after it or before the next tile's key blocks, cost
+      // the D64 and D128 pipelined kernels their wgmma overlap: ptxas C7512.)
+      sm90::BulkWaitGroupRead<0>();
+      if (!s_o) sm90::MbarArriveCount(bar.qempty(q_slot), 4);
+    }
+    return;
+  }
   // Every product that reads Q has completed: the producer may load the next
   // tile's Q (or hand over the next tile) while this one's epilogue runs.
   release(bar.qempty(q_slot));
-
-  float inv[2], lse[2];
-  FinishRows(m, l, inv, lse, p.scale);
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     if (row[hh] >= p.seq_q) continue;

@@ -1,7 +1,8 @@
 // Hopper inline-PTX primitives shared by the wgmma GEMM (gemm_tc_sm90.cuh,
 // gemm_tc_wgmma.cuh), the wgmma FlashAttention kernel (attention_wgmma.cuh)
 // and GEMV's tensor-core versions (gemv.cu): mbarrier init / arrive / wait,
-// 3-D TMA tile loads, cp.async, ldmatrix (plain and transposing), the proxy
+// 3-D TMA tile loads and stores (and the bulk groups that track the stores),
+// cp.async, ldmatrix (plain and transposing), the proxy
 // and mbarrier-init fences, wgmma fence / commit / wait, the accumulator
 // register fence, setmaxnreg and the 128B-swizzle shared-memory matrix
 // descriptor.
@@ -46,6 +47,12 @@ __device__ __forceinline__ void FenceProxyAsync() {
 // Arrives on `bar` (one arrival, release at CTA scope).
 __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Arrives on `bar` `count` times at once (release at CTA scope): one thread
+// standing for several that each would have arrived.
+__device__ __forceinline__ void MbarArriveCount(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
 
 // Arrives on `bar` and raises the phase's expected transaction count by
@@ -115,6 +122,36 @@ __device__ __forceinline__ void TmaLoad3d(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 
+// Copies one box of shared memory at `src` (laid out as TmaLoad3d would
+// have written it: same alignment, same swizzle) to the 3-D tensor map `map`
+// at box origin {c0, c1, c2}; elements outside the tensor are not written.
+// Joins this thread's current bulk group (BulkCommitGroup); `src` must not be
+// written again before BulkWaitGroupRead says the copy has read it. Order the
+// threads' shared-memory writes of the box before it with FenceProxyAsync in
+// each writer and a barrier.
+__device__ __forceinline__ void TmaStore3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                           int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(src)
+      : "memory");
+}
+
+// Closes this thread's bulk copies (TmaStore3d) issued since the last commit
+// into one bulk group.
+__device__ __forceinline__ void BulkCommitGroup() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups have not yet
+// finished reading their shared-memory sources (their global writes may
+// still be in flight; they are visible to later kernels on the stream).
+template <int kPending>
+__device__ __forceinline__ void BulkWaitGroupRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
 // --- cp.async and ldmatrix (sm_80 and later) ----------------------------------
 
 // Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned)
@@ -165,6 +202,13 @@ __device__ __forceinline__ uint64_t MakeSmemDesc(uint32_t addr, uint32_t lbo, ui
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
          (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+// The descriptor MakeSmemDesc would give for the address `bytes` (a multiple
+// of 16) past that of `desc`, with the same offsets and swizzle: one 32-bit
+// add, where the address stays below 2^18 (any shared-memory address).
+__device__ __forceinline__ uint64_t SmemDescAdvance(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | (uint32_t(desc) + (bytes >> 4));
 }
 
 // Accumulator operands of the wgmma wrappers: GC_WGMMA_D<N> is the PTX text
