@@ -645,11 +645,11 @@ TEST_F(ServerTest, HealthServingAndDrainAnswersInFlightAndRefusesNew) {
   ASSERT_TRUE(HealthCheck(channel_.get(), "gpucompute.v1.Compute", &health).ok());
   EXPECT_EQ(health, std::string("\x08\x01", 2));
 
-  // A slow request (the naive GEMM, a few hundred ms) in flight when the
+  // A slow request (the naive GEMM, 0.1 to 1 s) in flight when the
   // drain starts: the window in which new calls must be refused.
   v1::GemmRequest slow;
-  *slow.mutable_a() = RandomTensor({1200, 1200}, rng_);
-  *slow.mutable_b() = RandomTensor({1200, 1200}, rng_);
+  *slow.mutable_a() = RandomTensor({1600, 1600}, rng_);
+  *slow.mutable_b() = RandomTensor({1600, 1600}, rng_);
   slow.mutable_options()->set_variant("naive");
   grpc::Status slow_status;
   v1::GemmResponse slow_response;
