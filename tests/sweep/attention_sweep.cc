@@ -68,6 +68,7 @@ struct Row {
   double flops = 0;
   std::string variant;
   double ours = -1, ours_span = -1;
+  std::string clock;  // ClockJson of the default's timing
   std::map<std::string, double> forced;
   double error = 0;
   bool ok = true;
@@ -185,6 +186,7 @@ class Sweep {
     row.variant = def.variant;
     row.ours = def.seconds;
     row.ours_span = def.span;
+    row.clock = ClockJson(def);
     if (def.output) {
       row.error = CheckRows(c, q.get(), k.get(), v.get(), def.output->buffer().data());
       row.ok = row.ok && row.error <= 1.0;
@@ -197,10 +199,10 @@ class Sweep {
         if (t.status.ok()) row.forced[variant] = t.seconds;
       }
     }
-    std::fprintf(stderr, "%-8s %-36s %-5s %-22s %10.2f us %7.1f TFLOP/s  err %.3f %s\n",
+    std::fprintf(stderr, "%-8s %-36s %-5s %-22s %10.2f us %7.1f TFLOP/s  err %.3f %s%s\n",
                  c.cls.c_str(), row.shape.c_str(), Name(c.dtype), row.variant.c_str(),
                  row.ours * 1e6, row.ours > 0 ? row.flops / row.ours * 1e-12 : 0.0, row.error,
-                 row.ok ? "ok" : "WRONG");
+                 row.ok ? "ok" : "WRONG", ClockText(def).c_str());
     rows_.push_back(row);
     Write();  // after every case: a run cut short keeps what it measured
   }
@@ -219,12 +221,12 @@ class Sweep {
           "\"heads_kv\": %lld, \"seq_q\": %lld, \"seq_kv\": %lld, \"head_dim\": %lld, "
           "\"causal\": %s, \"lse\": %s, \"dtype\": \"%s\", \"flops\": %.0f, \"variant\": \"%s\", "
           "\"ours_s\": %.9g, \"ours_span_s\": %.9g, \"error\": %.4g, \"ok\": %s, "
-          "\"forced\": {%s}}%s\n",
+          "\"forced\": {%s}%s}%s\n",
           r.c.cls.c_str(), r.shape.c_str(), (long long)r.c.b, (long long)r.c.hq, (long long)r.c.hkv,
           (long long)r.c.sq, (long long)r.c.skv, (long long)r.c.d, r.c.causal ? "true" : "false",
           r.c.lse ? "true" : "false", Name(r.c.dtype), r.flops, r.variant.c_str(), r.ours,
           r.ours_span, std::isfinite(r.error) ? r.error : 1e300, r.ok ? "true" : "false",
-          forced.c_str(), i + 1 < rows_.size() ? "," : "");
+          forced.c_str(), r.clock.c_str(), i + 1 < rows_.size() ? "," : "");
     }
     std::fprintf(f, " ]}\n");
     std::fclose(f);

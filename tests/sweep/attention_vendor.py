@@ -31,7 +31,9 @@ rows with "lse" ask more of us than of the vendor.
 Each row gains cudnn_s, fa2_s, vendor_s (the faster), vendor ("cudnn", "fa2"
 or ""), vendor_note, ratio = vendor_s / ours_s (> 1: we are faster),
 own_best_s (the fastest of our versions forced by name), own_best (its name)
-and own_ratio = vendor_s / own_best_s; the header gains torch, cudnn,
+and own_ratio = vendor_s / own_best_s, and where NVML answers cudnn_sm_mhz and
+fa2_sm_mhz (the SM clock after each timing, beside the sweep's own sm_mhz and
+clock_events); the header gains torch, cudnn,
 vendor_date and vendor_reps. Rows whose ours_s <= 0 or ok is false count as
 failures and stay out of the ratios.
 
@@ -81,6 +83,42 @@ def device_time(torch, fn, reps):
     return statistics.median([once() for _ in range(reps)])
 
 
+class GpuClock:
+    """The SM clock of CUDA device 0 through NVML (libnvidia-ml.so.1, by
+    ctypes), read after each timing as the C++ sweep does (gpu_clocks.h):
+    a row slowed by a GPU that ran slower shows it. sm_mhz() is None without
+    NVML."""
+
+    def __init__(self, torch):
+        import ctypes
+        self._lib = self._device = None
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return
+            props = torch.cuda.get_device_properties(0)
+            device = ctypes.c_void_p()
+            if hasattr(props, "pci_bus_id"):
+                bus = "%x:%x:%x.0" % (getattr(props, "pci_domain_id", 0), props.pci_bus_id,
+                                      props.pci_device_id)
+                found = lib.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(device))
+            else:  # an older torch: NVML's first GPU, device 0 on a host of one
+                found = lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(device))
+            if found != 0:
+                return
+            self._lib, self._device, self._ctypes = lib, device, ctypes
+        except (OSError, AttributeError):
+            pass
+
+    def sm_mhz(self):
+        if self._lib is None:
+            return None
+        value = self._ctypes.c_uint()
+        if self._lib.nvmlDeviceGetClockInfo(self._device, 1, self._ctypes.byref(value)) != 0:
+            return None  # 1: NVML_CLOCK_SM
+        return value.value
+
+
 def short_reason(caught, err):
     """The reasons PyTorch gave (its warnings) for refusing, else the error."""
     reasons = []
@@ -118,8 +156,9 @@ def row_text(row):
     return f"{row.get('class', '')} {row.get('shape', '')} {row.get('dtype', '')}"
 
 
-def time_row(torch, row, reps):
-    """Sets the row's cudnn_s, fa2_s and vendor_note."""
+def time_row(torch, row, reps, clock=None):
+    """Sets the row's cudnn_s, fa2_s and vendor_note, and with `clock` (a
+    GpuClock) cudnn_sm_mhz and fa2_sm_mhz, the SM clock after each timing."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
@@ -163,6 +202,9 @@ def time_row(torch, row, reps):
         fn = lambda: F.scaled_dot_product_attention(q, k, v, **args)
         seconds, reason = time_backend(torch, sdpa_kernel, backend, fn, reps)
         row[key] = seconds
+        mhz = clock.sm_mhz() if clock is not None else None
+        if mhz is not None:
+            row[key[:-2] + "_sm_mhz"] = mhz
         if seconds is None:
             notes.append(f"{key[:-2]}: {reason}")
     row["vendor_note"] = " | ".join(notes)
@@ -182,13 +224,17 @@ def add_vendor(data, rows, reps):
     data["cudnn"] = torch.backends.cudnn.version()
     data["vendor_date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     data["vendor_reps"] = reps
+    clock = GpuClock(torch)
     with torch.inference_mode():
         for i, row in enumerate(rows):
-            time_row(torch, row, reps)  # its tensors are freed on return
+            time_row(torch, row, reps, clock)  # its tensors are freed on return
             if torch.cuda.memory_reserved() > LARGE_BYTES:
                 torch.cuda.empty_cache()
+            clocks = [f"{name} {row[key]}" for name, key in (
+                ("ours", "sm_mhz"), ("cudnn", "cudnn_sm_mhz"), ("fa2", "fa2_sm_mhz")) if key in row]
+            mhz = f" (SM MHz: {', '.join(clocks)})" if clocks else ""
             print(f"[{i + 1}/{len(rows)}] {row_text(row)}: cudnn {us(row['cudnn_s'])} us, "
-                  f"fa2 {us(row['fa2_s'])} us {row['vendor_note']}", file=sys.stderr)
+                  f"fa2 {us(row['fa2_s'])} us {row['vendor_note']}{mhz}", file=sys.stderr)
     return True
 
 
@@ -283,11 +329,14 @@ def worst_lines(rows, n=15):
     vw = max(7, max(len(r.get("variant", "")) for r in ranked))
     lines = [f"{len(ranked)} worst by vendor/ours:",
              f"  {'class':<{cw}} {'shape':<{sw}} dtype {'variant':<{vw}} {'ours us':>9} "
-             f"{'vendor us':>9} vendor {'ratio':>6}"]
+             f"{'vendor us':>9} vendor {'ratio':>6}  SM MHz ours/vendor"]
     for r in ranked:
+        mhz = f"{r['sm_mhz']}/{r.get(r['vendor'] + '_sm_mhz', '-')}" if "sm_mhz" in r else ""
+        if r.get("clock_events"):
+            mhz += f" ({r['clock_events']})"
         lines.append(f"  {r.get('class', ''):<{cw}} {r.get('shape', '')[:sw]:<{sw}} {r['dtype']:<5} "
                      f"{r.get('variant', ''):<{vw}} {us(r['ours_s']):>9} {us(r['vendor_s']):>9} "
-                     f"{r['vendor']:<6} {r['ratio']:>6.3f}")
+                     f"{r['vendor']:<6} {r['ratio']:>6.3f}  {mhz}".rstrip())
     return lines
 
 

@@ -83,6 +83,7 @@ struct Row {
   double flops = 0;
   std::string variant;  // what the default ran
   double ours = -1, ours_span = -1;
+  std::string clock;  // ClockJson of the default's timing
   std::map<std::string, double> forced;
   std::string vendor;
   double vendor_s = -1;
@@ -171,6 +172,7 @@ class Sweep {
     row.variant = def.variant;
     row.ours = def.seconds;
     row.ours_span = def.span;
+    row.clock = ClockJson(def);
 
     // The vendor writes `out` from inputs of `dtype` (with the addend's copy
     // in `ref` when beta != 0; cuBLAS takes it in the output dtype only).
@@ -206,11 +208,11 @@ class Sweep {
         if (t.status.ok()) row.forced[v] = t.seconds;
       }
     }
-    std::fprintf(stderr, "%-9s %-34s %-9s %-26s %10.2f us  vendor %10.2f us  x%.3f  %s\n",
+    std::fprintf(stderr, "%-9s %-34s %-9s %-26s %10.2f us  vendor %10.2f us  x%.3f  %s%s\n",
                  row.c.cls.c_str(), row.shape.c_str(),
                  absl::StrCat(Family(c), "->", Name(c.out)).c_str(), row.variant.c_str(),
                  row.ours * 1e6, row.vendor_s * 1e6, row.vendor_s > 0 ? row.vendor_s / row.ours : 0,
-                 row.ok ? "ok" : "WRONG");
+                 row.ok ? "ok" : "WRONG", ClockText(def).c_str());
     rows_.push_back(row);
     Write();  // after every case: a run cut short keeps what it measured
   }
@@ -229,13 +231,13 @@ class Sweep {
           "\"batch\": %lld, \"ta\": %s, \"tb\": %s, \"shared_b\": %s, \"beta\": %g, "
           "\"dtype\": \"%s\", \"out\": \"%s\", \"flops\": %.0f, \"variant\": \"%s\", "
           "\"ours_s\": %.9g, \"ours_span_s\": %.9g, \"vendor\": \"%s\", \"vendor_s\": %.9g, "
-          "\"error\": %.4g, \"ok\": %s, \"forced\": {%s}}%s\n",
+          "\"error\": %.4g, \"ok\": %s, \"forced\": {%s}%s}%s\n",
           r.c.cls.c_str(), r.shape.c_str(), (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           (long long)r.c.batch, r.c.ta ? "true" : "false", r.c.tb ? "true" : "false",
           r.c.shared_b ? "true" : "false", r.c.beta, Family(r.c), Name(r.c.out), r.flops,
           r.variant.c_str(), r.ours, r.ours_span, r.vendor.c_str(), r.vendor_s,
           std::isfinite(r.error) ? r.error : 1e300, r.ok ? "true" : "false", forced.c_str(),
-          i + 1 < rows_.size() ? "," : "");
+          r.clock.c_str(), i + 1 < rows_.size() ? "," : "");
     }
     std::fprintf(f, " ]}\n");
     std::fclose(f);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "server/device/cuda/backend.h"
 #include "tests/sweep/device_timer.h"
+#include "tests/sweep/gpu_clocks.h"
 #include "tests/sweep/sweep_vendor.h"
 
 namespace gpucompute::sweep {
@@ -51,6 +52,7 @@ Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warm
                   double long_seconds) {
   Timed t;
   std::vector<double> s, spans;
+  std::vector<int> clocks;
   DeviceTimer& timer = DeviceTimer::Get();
   for (int i = 0; i < warmup + reps; ++i) {
     timer.Begin();
@@ -70,6 +72,12 @@ Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warm
     if (i >= warmup) {
       s.push_back(busy);
       spans.push_back(span);
+      if (std::optional<ClockSample> clock = SampleGpuClocks()) {
+        clocks.push_back(clock->sm_mhz);
+        t.clock_events |= clock->events;
+        t.temp_c = std::max(t.temp_c, clock->temp_c);
+        t.power_w = std::max(t.power_w, clock->power_w);
+      }
     }
     t.variant = absl::StrJoin(names, "+");
     t.output = r->kept_output;
@@ -79,7 +87,24 @@ Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warm
   t.seconds = s[s.size() / 2];
   std::nth_element(spans.begin(), spans.begin() + spans.size() / 2, spans.end());
   t.span = spans[spans.size() / 2];
+  if (!clocks.empty()) {
+    std::nth_element(clocks.begin(), clocks.begin() + clocks.size() / 2, clocks.end());
+    t.sm_mhz = clocks[clocks.size() / 2];
+  }
   return t;
+}
+
+std::string ClockJson(const Timed& t) {
+  if (t.sm_mhz < 0) return "";
+  return absl::StrCat(", \"sm_mhz\": ", t.sm_mhz, ", \"clock_events\": \"",
+                      ClockEventNames(t.clock_events), "\", \"temp_c\": ", t.temp_c,
+                      ", \"power_w\": ", static_cast<int>(t.power_w + 0.5));
+}
+
+std::string ClockText(const Timed& t) {
+  if (t.sm_mhz < 0) return "";
+  const std::string events = ClockEventNames(t.clock_events);
+  return absl::StrCat("  ", t.sm_mhz, " MHz ", t.temp_c, " C", events.empty() ? "" : " ", events);
 }
 
 TensorView ResidentView(gpucompute::DType dtype, std::vector<int64_t> shape, const void* data) {

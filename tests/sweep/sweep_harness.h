@@ -1,6 +1,7 @@
 // What the server-path sweeps share: their flags, the timing of one request
 // through the Engine (device busy time from CUPTI, median of many), resident
-// views of device arrays, fresh seeds, and the engine over GPU 0.
+// views of device arrays, fresh seeds, the engine over GPU 0, and the GPU's
+// clocks beside each timing (gpu_clocks.h).
 #ifndef GPUCOMPUTE_TESTS_SWEEP_SWEEP_HARNESS_H_
 #define GPUCOMPUTE_TESTS_SWEEP_SWEEP_HARNESS_H_
 
@@ -41,7 +42,21 @@ struct Timed {
   std::string variant;                     // what ran, the shards' names joined by '+'
   std::shared_ptr<ResidentTensor> output;  // the last run's kept result
   absl::Status status;
+  // The GPU read after each timed run (gpu_clocks.h); sm_mhz -1 without
+  // NVML: the median SM clock, the clock event reasons seen (ORed), the
+  // highest temperature and power.
+  int sm_mhz = -1;
+  uint64_t clock_events = 0;
+  int temp_c = -1;
+  double power_w = -1;
 };
+
+// `, "sm_mhz": ..., "clock_events": "...", "temp_c": ..., "power_w": ...`
+// of `t`, to end a row's JSON object; "" without NVML.
+std::string ClockJson(const Timed& t);
+// "  1980 MHz 61 C" (with " power_cap" etc. when the GPU was slowed) for a
+// log line; "" without NVML.
+std::string ClockText(const Timed& t);
 
 // Runs `run` warmup + reps times and times it. With long_seconds > 0, a
 // first run longer than that cuts the runs to 1 + 3.
