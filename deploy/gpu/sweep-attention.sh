@@ -10,7 +10,8 @@
 # Logs, sweep-attention.json (ours), sweep-attention-merged.json and
 # sweep-attention.md go to $OUT; the summary is printed last. SKIP_TESTS=1
 # leaves out part 1; SWEEP_ARGS passes flags to gc_sweep_attention (e.g.
-# --filter=decode, --no-variants).
+# --filter=decode, --no-variants), VENDOR_ARGS to attention_vendor.py;
+# COOLDOWN_MS=N to both (the GPU idles N ms before each timing).
 set -u
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpucompute-sweep}
@@ -27,12 +28,13 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   fi
   tail -3 "$OUT/$t.log"
 fi
-"$bundle/bin/gc_sweep_attention" --json="$OUT/sweep-attention.json" ${SWEEP_ARGS:-} \
+cooldown=${COOLDOWN_MS:+--cooldown_ms=$COOLDOWN_MS}
+"$bundle/bin/gc_sweep_attention" --json="$OUT/sweep-attention.json" $cooldown ${SWEEP_ARGS:-} \
   >"$OUT/sweep-attention.txt" 2>"$OUT/sweep-attention.err" || status=1
 grep -E 'WRONG|error|INVALID|INTERNAL' "$OUT/sweep-attention.err" | head -20
 tail -1 "$OUT/sweep-attention.txt"
 python3 "$bundle/bin/attention_vendor.py" "$OUT/sweep-attention.json" \
-  --out "$OUT/sweep-attention-merged.json" --md "$OUT/sweep-attention.md" \
+  --out "$OUT/sweep-attention-merged.json" --md "$OUT/sweep-attention.md" $cooldown ${VENDOR_ARGS:-} \
   >"$OUT/summary.txt" 2>"$OUT/vendor.err" || status=1
 tail -5 "$OUT/vendor.err"
 cat "$OUT/summary.txt"

@@ -1,7 +1,7 @@
 // gc_sweep_attention: attention through the server's default path on one GPU.
 //
 //   gc_sweep_attention [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
-//                      [--no-variants]
+//                      [--no-variants] [--cooldown_ms=N]
 //
 // Each case builds the AttentionSpec as the service does, Q, K and V resident
 // in device memory (fresh uniform values) and the result kept there
@@ -176,7 +176,7 @@ class Sweep {
     auto run = [&](const std::string& variant) {
       spec.options.variant = variant;
       return TimeRequest([&] { return engine_->Attention(spec, call_); }, options_.warmup,
-                         options_.reps, 20e-3);
+                         options_.reps, 20e-3, options_.cooldown_ms);
     };
     Timed def = run("");
     if (!def.status.ok()) {

@@ -3,7 +3,7 @@
 gc_sweep_attention results file and summarises it against the targets.
 
     attention_vendor.py SWEEP.json [--out MERGED.json] [--md TABLE.md]
-                        [--reps N] [--filter SUBSTR]
+                        [--reps N] [--filter SUBSTR] [--cooldown_ms N]
 
 For every row of the sweep, makes fresh q [B,Hq,Sq,D] and k, v [B,Hkv,Skv,D]
 of the row's dtype and times torch.nn.functional.scaled_dot_product_attention
@@ -12,6 +12,8 @@ SDPBackend.FLASH_ATTENTION), under torch.inference_mode(), with CUDA events
 and the GPU kept busy by a sleep kernel queued first, so that only the
 kernels' device time counts (PyTorch's host overhead is not charged to it).
 The median of --reps runs is kept (3 runs when one takes over 20 ms).
+--cooldown_ms lets the GPU idle that long before each backend's timing, as
+gc_sweep_attention's flag of the same name does before each of ours.
 
 The vendor runs the same problem as ours: default scale 1/sqrt(D),
 enable_gqa=True when Hq != Hkv, and our causal mask, aligned to the bottom
@@ -50,6 +52,7 @@ import json
 import math
 import statistics
 import sys
+import time
 import warnings
 
 SLOW_S = 20e-3  # a run longer than this is timed 3 times only
@@ -135,12 +138,15 @@ def short_reason(caught, err):
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def time_backend(torch, sdpa_kernel, backend, fn, reps):
+def time_backend(torch, sdpa_kernel, backend, fn, reps, cooldown_ms=0):
     """(seconds, "") or (None, reason) for fn() with only `backend` enabled."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with sdpa_kernel(backend):
+                if cooldown_ms > 0:
+                    torch.cuda.synchronize()
+                    time.sleep(cooldown_ms * 1e-3)
                 return device_time(torch, fn, reps), ""
         except Exception as err:  # a refused shape, out of memory, ...
             reason = short_reason(caught, err)
@@ -156,7 +162,7 @@ def row_text(row):
     return f"{row.get('class', '')} {row.get('shape', '')} {row.get('dtype', '')}"
 
 
-def time_row(torch, row, reps, clock=None):
+def time_row(torch, row, reps, clock=None, cooldown_ms=0):
     """Sets the row's cudnn_s, fa2_s and vendor_note, and with `clock` (a
     GpuClock) cudnn_sm_mhz and fa2_sm_mhz, the SM clock after each timing."""
     import torch.nn.functional as F
@@ -200,7 +206,7 @@ def time_row(torch, row, reps, clock=None):
     for key, backend, args in (("cudnn_s", SDPBackend.CUDNN_ATTENTION, cudnn_args),
                                ("fa2_s", SDPBackend.FLASH_ATTENTION, fa2_args)):
         fn = lambda: F.scaled_dot_product_attention(q, k, v, **args)
-        seconds, reason = time_backend(torch, sdpa_kernel, backend, fn, reps)
+        seconds, reason = time_backend(torch, sdpa_kernel, backend, fn, reps, cooldown_ms)
         row[key] = seconds
         mhz = clock.sm_mhz() if clock is not None else None
         if mhz is not None:
@@ -210,7 +216,7 @@ def time_row(torch, row, reps, clock=None):
     row["vendor_note"] = " | ".join(notes)
 
 
-def add_vendor(data, rows, reps):
+def add_vendor(data, rows, reps, cooldown_ms=0):
     """Times the rows with PyTorch; False when torch or a GPU is missing."""
     try:
         import torch
@@ -224,10 +230,11 @@ def add_vendor(data, rows, reps):
     data["cudnn"] = torch.backends.cudnn.version()
     data["vendor_date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     data["vendor_reps"] = reps
+    data["vendor_cooldown_ms"] = cooldown_ms
     clock = GpuClock(torch)
     with torch.inference_mode():
         for i, row in enumerate(rows):
-            time_row(torch, row, reps, clock)  # its tensors are freed on return
+            time_row(torch, row, reps, clock, cooldown_ms)  # its tensors are freed on return
             if torch.cuda.memory_reserved() > LARGE_BYTES:
                 torch.cuda.empty_cache()
             clocks = [f"{name} {row[key]}" for name, key in (
@@ -446,11 +453,13 @@ def main():
     ap.add_argument("--md", help="writes the markdown table here")
     ap.add_argument("--reps", type=int, default=20, help="timed runs per backend and row")
     ap.add_argument("--filter", help="only the rows whose 'class shape dtype' contains this")
+    ap.add_argument("--cooldown_ms", type=int, default=0,
+                    help="the GPU idles this long before each backend's timing")
     args = ap.parse_args()
     with open(args.sweep) as f:
         data = json.load(f)
     rows = [r for r in data["rows"] if not args.filter or args.filter in row_text(r)]
-    add_vendor(data, rows, args.reps)
+    add_vendor(data, rows, args.reps, args.cooldown_ms)
     for row in data["rows"]:
         enrich(row)
     if args.out:

@@ -2,7 +2,7 @@
 // cuBLAS in the same run.
 //
 //   gc_sweep_gemm [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
-//                 [--no-variants]
+//                 [--no-variants] [--cooldown_ms=N]
 //
 // Each case builds the GemmSpec as the service does, operands resident in
 // device memory and the result kept there (options.keep_output), and runs it
@@ -116,7 +116,7 @@ class Sweep {
   // One request warmup + reps times (3 after 1 past 20 ms): the median
   // device busy time, the variant that ran, the last result.
   Timed Time(const std::function<absl::StatusOr<OpResult>()>& run) {
-    return TimeRequest(run, options_.warmup, options_.reps, 20e-3);
+    return TimeRequest(run, options_.warmup, options_.reps, 20e-3, options_.cooldown_ms);
   }
 
   void Gemm(const Case& c) {

@@ -2,7 +2,7 @@
 // path on one GPU, against the vendor in the same run.
 //
 //   gc_sweep_memops [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
-//                   [--no-variants]
+//                   [--no-variants] [--cooldown_ms=N]
 //
 // Each case builds the operation's spec as the service does, with operands
 // resident in device memory and the result kept there (options.keep_output),
@@ -100,7 +100,7 @@ class Sweep {
   // One request warmup + reps times: the median device busy time, the
   // variant that ran and the last result (kept for checks).
   Timed Time(const std::function<absl::StatusOr<OpResult>()>& run) {
-    return TimeRequest(run, options_.warmup, options_.reps);
+    return TimeRequest(run, options_.warmup, options_.reps, 0, options_.cooldown_ms);
   }
 
   // The row of a case; false when --filter leaves the case out.

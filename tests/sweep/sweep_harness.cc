@@ -1,10 +1,13 @@
 #include "tests/sweep/sweep_harness.h"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -36,9 +39,14 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
       options->warmup = std::max(0, std::atoi(v->c_str()));
     } else if (arg == "--no-variants") {
       options->variants = false;
+    } else if (auto v = value("--cooldown_ms")) {
+      options->cooldown_ms = std::max(0, std::atoi(v->c_str()));
     } else if (arg == "--help") {
-      std::printf("%s [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] [--no-variants]\n%s",
-                  name, help);
+      std::printf(
+          "%s [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] [--no-variants]\n"
+          "  [--cooldown_ms=N]\n%s"
+          "  --cooldown_ms lets the GPU idle N ms before each timing (default 0).\n",
+          name, help);
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
@@ -49,8 +57,12 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
 }
 
 Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
-                  double long_seconds) {
+                  double long_seconds, int cooldown_ms) {
   Timed t;
+  if (cooldown_ms > 0) {
+    cudaDeviceSynchronize();
+    std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms));
+  }
   std::vector<double> s, spans;
   std::vector<int> clocks;
   DeviceTimer& timer = DeviceTimer::Get();

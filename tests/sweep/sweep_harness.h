@@ -26,9 +26,14 @@ struct SweepOptions {
   int reps = 20;
   int warmup = 3;
   bool variants = true;
+  // The GPU idles this long before each timing (the default's and every
+  // forced version's), so that one starts from a GPU no longer slowed by
+  // the work before it (power cap, heat); 0: timings back to back.
+  int cooldown_ms = 0;
 };
 
-// Parses --json, --filter, --reps, --warmup, --no-variants and --help into
+// Parses --json, --filter, --reps, --warmup, --no-variants, --cooldown_ms and
+// --help into
 // `options` (which holds the defaults) and the command line into `*command`
 // (`name` and the arguments). Returns the exit status when main should stop
 // (after --help: 0; an unknown argument: 2), nullopt to go on.
@@ -58,10 +63,11 @@ std::string ClockJson(const Timed& t);
 // log line; "" without NVML.
 std::string ClockText(const Timed& t);
 
-// Runs `run` warmup + reps times and times it. With long_seconds > 0, a
-// first run longer than that cuts the runs to 1 + 3.
+// Runs `run` warmup + reps times and times it, after the GPU has idled
+// `cooldown_ms`. With long_seconds > 0, a first run longer than that cuts
+// the runs to 1 + 3.
 Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
-                  double long_seconds = 0);
+                  double long_seconds = 0, int cooldown_ms = 0);
 
 // A view of `data`, device memory of GPU 0, as the engine takes operands.
 TensorView ResidentView(gpucompute::DType dtype, std::vector<int64_t> shape, const void* data);
