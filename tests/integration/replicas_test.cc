@@ -24,6 +24,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/integration/requests.h"
@@ -127,8 +129,18 @@ void ReplicasTest::RunWithAReplicaLost(int signal, const std::string& name) {
   auto client = Client::Create(options);
   ASSERT_TRUE(client.ok()) << client.status();
   const v1::GemmRequest request = MakeGemm(v1::FLOAT32, {.m = 160, .n = 160, .k = 160});
-  // Every replica connected before the clock starts.
-  for (int i = 0; i < 3 * kReplicas; ++i) ASSERT_TRUE((*client)->Gemm(request).ok());
+  // Every replica connected before the clock starts: round_robin sends calls
+  // only to the replicas it is connected to, and on a loaded host a
+  // connection can take longer than a few quick calls.
+  const std::vector<double> unserved = Served();
+  const absl::Time connect_by = absl::Now() + absl::Seconds(20);
+  for (bool all = false; !all;) {
+    ASSERT_LT(absl::Now(), connect_by) << "a replica served nothing in 20 s";
+    for (int i = 0; i < kReplicas; ++i) ASSERT_TRUE((*client)->Gemm(request).ok());
+    const std::vector<double> served = Served();
+    all = true;
+    for (int i = 0; i < kReplicas; ++i) all = all && served[i] > unserved[i];
+  }
 
   constexpr int kTotal = 900;
   constexpr int kThreads = 6;
