@@ -306,8 +306,9 @@ const v1::Tensor* ResultOf(const v1::BatchResponse& r) {
 }
 
 void PrintTimings(const v1::Timings& t) {
-  std::cout << absl::StrFormat("server %.3f ms  queue %.3f ms\n", t.server_seconds() * 1e3,
-                               t.queue_seconds() * 1e3);
+  std::cout << absl::StrFormat("server %.3f ms  queue %.3f ms  receive %.3f ms\n",
+                               t.server_seconds() * 1e3, t.queue_seconds() * 1e3,
+                               t.receive_seconds() * 1e3);
   if (t.decode_seconds() + t.host_to_device_seconds() + t.kernel_seconds() +
           t.device_to_host_seconds() + t.encode_seconds() >
       0) {

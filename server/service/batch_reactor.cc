@@ -11,6 +11,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpc/grpc.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "proto/wire.h"
@@ -264,7 +266,10 @@ class ComputeService::BatchReactor final
     auto response = std::make_unique<v1::BatchResponse>();
     absl::string_view method = "Batch/Invalid";
     absl::Status status;
-    if (absl::Status decoded = Decode(item->holding.raw, request.get()); !decoded.ok()) {
+    const absl::Time decode_start = absl::Now();
+    absl::Status decoded = Decode(item->holding.raw, request.get());
+    item->holding.decode_seconds += absl::ToDoubleSeconds(absl::Now() - decode_start);
+    if (!decoded.ok()) {
       service_->Admitted(0, &item->holding);
       status = decoded;
     } else {

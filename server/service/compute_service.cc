@@ -205,7 +205,9 @@ class ComputeService::OpCall final
       return;
     }
     holding_.request_bytes = static_cast<int64_t>(holding_.raw.Length());
+    holding_.receive_seconds = SecondsSince(read_started_);
     service_->metrics_->AddReceivedBytes(holding_.request_bytes);
+    service_->metrics_->ObserveStage("receive", holding_.receive_seconds);
     if (declared_.has_value() && holding_.request_bytes > *declared_) {
       Fail(absl::InvalidArgumentError(
           absl::StrCat("the request is ", holding_.request_bytes, " bytes, more than the ",
@@ -266,7 +268,10 @@ class ComputeService::OpCall final
 
   // Waits for `bytes` of admission, then reads the request.
   void Reserve(int64_t bytes) {
-    AdmitThen(bytes, [this] { StartRead(&holding_.raw); });
+    AdmitThen(bytes, [this] {
+      read_started_ = absl::Now();
+      StartRead(&holding_.raw);
+    });
   }
 
   // The request is in: waits for more admission when it outgrew what was
@@ -299,10 +304,12 @@ class ComputeService::OpCall final
       if (EchoAsReceived()) return;
     }
     auto request = std::make_unique<Request>();
+    const absl::Time decode_start = absl::Now();
     if (absl::Status decoded = Decode(holding_.raw, request.get()); !decoded.ok()) {
       Fail(decoded);
       return;
     }
+    holding_.decode_seconds += SecondsSince(decode_start);
     auto response = std::make_unique<Response>();
     const absl::Status status = service_->Execute(*request, response.get(), call_, &holding_);
     request.reset();  // its bytes go before the answer's are encoded
@@ -357,6 +364,7 @@ class ComputeService::OpCall final
     service_->Admitted(holding_.request_bytes, &holding_);  // the bytes stay, as the answer
     v1::EchoResponse timings;
     timings.mutable_timings()->set_server_seconds(SecondsSince(call_.accepted));
+    timings.mutable_timings()->set_receive_seconds(holding_.receive_seconds);
     slices.emplace_back(timings.SerializeAsString());
     answer_ = grpc::ByteBuffer(slices.data(), slices.size());
     const int64_t answer_bytes = static_cast<int64_t>(answer_.Length());
@@ -389,6 +397,7 @@ class ComputeService::OpCall final
   std::optional<int64_t> declared_;
   Holding holding_;
   grpc::ByteBuffer answer_;
+  absl::Time read_started_ = absl::InfinitePast();
   absl::Time answered_ = absl::InfinitePast();
 };
 
@@ -608,8 +617,14 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   const absl::Time decode_start = absl::Now();
   StoreResolver handles(engine_->store(), call.owner);
   auto spec = Parse(request, options_.limits, &handles);
-  const double decode_seconds = SecondsSince(decode_start);
-  const double queue_seconds = SecondsSince(call.accepted) - decode_seconds;
+  // The request's bytes decoded into its message (before this call), then
+  // parsed and validated here.
+  const double decode_seconds = SecondsSince(decode_start) + holding->decode_seconds;
+  // What came before, less the request's arrival and decoding: the wait for
+  // admission (before and after receiving) and for a worker.
+  const double receive_seconds = holding->receive_seconds;
+  const double queue_seconds =
+      std::max(0.0, SecondsSince(call.accepted) - decode_seconds - receive_seconds);
   if (!spec.ok()) {
     Admitted(0, holding);
     return spec.status();
@@ -669,6 +684,7 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
   FillResponse(*result, response);
   v1::Timings* timings = response->mutable_timings();
   timings->set_queue_seconds(queue_seconds + result->device_wait_seconds);
+  timings->set_receive_seconds(receive_seconds);
   timings->set_decode_seconds(decode_seconds);
   timings->set_encode_seconds(SecondsSince(encode_start));
   timings->set_server_seconds(SecondsSince(call.accepted));
@@ -695,6 +711,7 @@ absl::Status ComputeService::Execute(v1::EchoRequest& request, v1::EchoResponse*
   RETURN_IF_ERROR(ParseTensor(request.input(), "input").status());
   response->mutable_output()->Swap(request.mutable_input());
   response->mutable_timings()->set_server_seconds(SecondsSince(call.accepted));
+  response->mutable_timings()->set_receive_seconds(holding->receive_seconds);
   return absl::OkStatus();
 }
 

@@ -237,6 +237,12 @@ class ComputeService final : public ComputeServiceBase {
     // the operation admitted.
     grpc::ByteBuffer raw;
     int64_t request_bytes = 0;
+    // Seconds from starting to read the request to its last byte (0 where
+    // the call's time starts once its request is in: Batch items).
+    double receive_seconds = 0;
+    // Seconds decoding its bytes into the request message before Execute
+    // (part of the decode stage).
+    double decode_seconds = 0;
     // Counted in the queue depth (EnterQueue) and not yet left.
     bool queued = false;
     // Set by Execute when `ticket` is not enough: the bytes to wait for.

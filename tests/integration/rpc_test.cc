@@ -47,6 +47,9 @@ class RpcTest : public ::testing::TestWithParam<v1::DType> {
   static void ExpectTimings(const v1::Timings& t, bool empty_output) {
     EXPECT_GT(t.server_seconds(), 0);
     EXPECT_GE(t.queue_seconds(), 0);
+    EXPECT_GE(t.receive_seconds(), 0);
+    EXPECT_LE(t.queue_seconds() + t.receive_seconds() + t.decode_seconds() + t.encode_seconds(),
+              t.server_seconds() + 1e-6);
     if (empty_output) return;
     EXPECT_FALSE(t.shards().empty());
     for (const v1::ShardTiming& s : t.shards()) {

@@ -3,6 +3,7 @@
 // stream, deadlines, health and the drain).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/reference.h"
@@ -603,6 +606,98 @@ TEST_F(ServerTest, ExpiredDeadline) {
   // The server keeps serving.
   status = stub_->Gemm(Context().get(), request, &response);
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// A call of `path` whose client sends its headers, waits `delay`, then sends
+// its one request message and half-closes (the server starts reading when the
+// headers arrive).
+class LateRequest final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  LateRequest(grpc::GenericStub& stub, const std::string& path, const std::string& request,
+              absl::Duration delay) {
+    grpc::Slice slice(request);
+    request_ = grpc::ByteBuffer(&slice, 1);
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    stub.PrepareBidiStreamingCall(&context_, path, grpc::StubOptions(), this);
+    StartRead(&response_);
+    StartCall();
+    absl::SleepFor(delay);
+    StartWriteLast(&request_, grpc::WriteOptions());
+  }
+
+  // The call's status, and its one answer's bytes into `*response`.
+  grpc::Status Await(std::string* response) {
+    done_.WaitForNotification();
+    std::vector<grpc::Slice> slices;
+    if (status_.ok() && response_.Dump(&slices).ok()) {
+      for (const grpc::Slice& s : slices) {
+        response->append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+    }
+    return status_;
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    status_ = status;
+    done_.Notify();
+  }
+
+ private:
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_, response_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+// The value of the metric line that starts with `name` ("name{labels}"), or
+// -1 when there is none.
+double MetricValue(const std::string& text, const std::string& name) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, name + " ")) {
+      double value = -1;
+      if (absl::SimpleAtod(line.substr(name.size() + 1), &value)) return value;
+    }
+  }
+  return -1;
+}
+
+// A request whose bytes come late: the wait is its receive stage, in its
+// timings and the stage histogram, not its queue (it was admitted at once).
+TEST_F(ServerTest, TimingsTellReceivingTheRequestFromQueueing) {
+  StartServer(ServerOptions());
+  const std::string count = R"(gpucompute_stage_duration_seconds_count{stage="receive"})";
+  const std::string sum = R"(gpucompute_stage_duration_seconds_sum{stage="receive"})";
+  const std::string before = server_->metrics().Scrape();
+  v1::GemmRequest request;
+  *request.mutable_a() = RandomTensor({64, 48}, rng_);
+  *request.mutable_b() = RandomTensor({48, 32}, rng_);
+  grpc::GenericStub stub(channel_);
+  LateRequest call(stub, "/gpucompute.v1.Compute/Gemm", request.SerializeAsString(),
+                   absl::Milliseconds(400));
+  std::string bytes;
+  grpc::Status status = call.Await(&bytes);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  v1::GemmResponse response;
+  ASSERT_TRUE(response.ParseFromString(bytes));
+  ASSERT_EQ(response.c().shape_size(), 2);
+  const v1::Timings& t = response.timings();
+  EXPECT_GE(t.receive_seconds(), 0.35) << t.DebugString();
+  EXPECT_LT(t.queue_seconds(), 0.2) << t.DebugString();
+  EXPECT_LE(t.queue_seconds() + t.receive_seconds() + t.decode_seconds() +
+                t.host_to_device_seconds() + t.kernel_seconds() + t.device_to_host_seconds() +
+                t.encode_seconds(),
+            t.server_seconds() + 1e-6)
+      << t.DebugString();
+  const std::string after = server_->metrics().Scrape();
+  EXPECT_EQ(MetricValue(after, count) - std::max(0.0, MetricValue(before, count)), 1) << after;
+  EXPECT_GE(MetricValue(after, sum) - std::max(0.0, MetricValue(before, sum)), 0.35) << after;
+
+  // Sent at once, the same request's receive is short and counted too.
+  v1::GemmResponse prompt;
+  ASSERT_TRUE(stub_->Gemm(Context().get(), request, &prompt).ok());
+  EXPECT_GE(prompt.timings().receive_seconds(), 0);
+  EXPECT_LT(prompt.timings().receive_seconds(), 0.35);
+  EXPECT_EQ(MetricValue(server_->metrics().Scrape(), count) - MetricValue(after, count), 1);
 }
 
 // Health Check over a generic stub (no generated health stubs needed).
