@@ -7,8 +7,11 @@
 # TEST_TAIL_TESTS (default 5) failed tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-preset="${1:-release}"
-shift || true
+preset=release
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is not a flag
+  preset="$1"
+  shift
+fi
 ctest --preset "$preset" "$@"
 rc=$?
 [ "$rc" -eq 0 ] && exit 0
