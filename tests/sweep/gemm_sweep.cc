@@ -186,6 +186,7 @@ class Sweep {
       const int64_t stride_a = c.batch > 1 ? c.m * c.k : 0;
       const int64_t stride_b = batch_b > 1 ? c.k * c.n : 0;
       if (def.seconds > 20e-3) vendor_.SetReps(1, 3);
+      CoolDown(options_.cooldown_ms);
       row.vendor_s = vendor_.TimeGemm(a.get(), b.get(), ref.get(), c.m, c.n, c.k, c.batch, stride_a,
                                       stride_b, c.ta, c.tb, K(c.dtype), K(c.out), c.tf32, 1.f,
                                       float(c.beta), &row.vendor);

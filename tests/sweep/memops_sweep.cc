@@ -141,6 +141,7 @@ class Sweep {
     };
     Timed def = run("");
     Poison(y.get(), m * ncols, K(dt));
+    CoolDown(options_.cooldown_ms);
     row.vendor_s =
         vendor_.TimeGemv(a.get(), x.get(), y.get(), m, k, ncols, trans, K(dt), &row.vendor);
     if (def.output) {
@@ -176,6 +177,7 @@ class Sweep {
     };
     Timed def = run("");
     if (inner == 1) {
+      CoolDown(options_.cooldown_ms);
       row.vendor_s = vendor_.TimeReduce(in.get(), static_cast<float*>(ref.get()), outer, axis, max,
                                         K(dt), &row.vendor);
       if (def.output) {
@@ -219,6 +221,7 @@ class Sweep {
     int64_t b = 1, r = 1, c = 1;
     if (AsBatchedTranspose(shape, perm, &b, &r, &c)) {
       Poison(out.get(), n, K(dt));
+      CoolDown(options_.cooldown_ms);
       row.vendor_s = vendor_.TimeTranspose(in.get(), out.get(), b, r, c, K(dt), &row.vendor);
     }
     if (def.output && reference.output) {
@@ -340,6 +343,7 @@ class Sweep {
     row->ok = row->ok && row->error <= 1.0;
     {
       DeviceArray dst(size_t(bytes / 2) + 256);
+      CoolDown(options_.cooldown_ms);
       row->copy_s = vendor_.TimeCopy(dst.get(), scratch_src, size_t(bytes / 2));
     }
     if (options_.variants) {

@@ -45,7 +45,8 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
       std::printf(
           "%s [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] [--no-variants]\n"
           "  [--cooldown_ms=N]\n%s"
-          "  --cooldown_ms lets the GPU idle N ms before each timing (default 0).\n",
+          "  --cooldown_ms lets the GPU idle N ms before each timing, ours and the vendor's "
+          "(default 0).\n",
           name, help);
       return 0;
     } else {
@@ -56,13 +57,16 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
   return std::nullopt;
 }
 
+void CoolDown(int ms) {
+  if (ms <= 0) return;
+  cudaDeviceSynchronize();
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
                   double long_seconds, int cooldown_ms) {
   Timed t;
-  if (cooldown_ms > 0) {
-    cudaDeviceSynchronize();
-    std::this_thread::sleep_for(std::chrono::milliseconds(cooldown_ms));
-  }
+  CoolDown(cooldown_ms);
   std::vector<double> s, spans;
   std::vector<int> clocks;
   DeviceTimer& timer = DeviceTimer::Get();

@@ -63,6 +63,11 @@ std::string ClockJson(const Timed& t);
 // log line; "" without NVML.
 std::string ClockText(const Timed& t);
 
+// Lets the GPU finish its work and idle `ms` milliseconds (nothing when
+// ms <= 0): called before each timing, ours (TimeRequest) and the vendor's,
+// so that both start from the same state.
+void CoolDown(int ms);
+
 // Runs `run` warmup + reps times and times it, after the GPU has idled
 // `cooldown_ms`. With long_seconds > 0, a first run longer than that cuts
 // the runs to 1 + 3.
