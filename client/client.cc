@@ -1048,31 +1048,35 @@ absl::StatusOr<std::vector<BatchItem>> Client::Batch(
     state.answered.assign(count, false);
   }
   std::vector<BatchItem> items(count);
-  // Held from request_at(i) until request i is written: the reference it
-  // returns stays valid only until the next call.
+  // Held from request_at(i) until request i is serialized: the reference it
+  // returns stays valid only until the next call. The write itself happens
+  // after, so that streams send in parallel.
   absl::Mutex write_mu;
 
+  // The streams are raw calls: a request is serialized under write_mu and
+  // written outside it; an answer is parsed before state.mu is taken.
+  static const grpc::internal::RpcMethod batch_method("/gpucompute.v1.Compute/Batch",
+                                                      grpc::internal::RpcMethod::BIDI_STREAMING);
   struct Stream {
     grpc::ClientContext ctx;
-    std::unique_ptr<v1::Compute::Stub> stub;  // for streams past the first
-    std::unique_ptr<grpc::ClientReaderWriter<v1::BatchRequest, v1::BatchResponse>> rw;
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> rw;
     int64_t outstanding = 0;  // under state.mu
   };
+  std::vector<grpc::Channel*> channels(streams);
+  for (int s = 0; s < streams; ++s) {
+    channels[s] = s == 0 ? channel_.get() : TransferChannel(s - 1);
+    // Every connection is asked for first, so that they are made together.
+    if (!call.wait_for_ready) channels[s]->GetState(/*try_to_connect=*/true);
+  }
   std::vector<std::unique_ptr<Stream>> all(streams);
   for (int s = 0; s < streams; ++s) {
     all[s] = std::make_unique<Stream>();
     Stream& st = *all[s];
     Configure(options_, call, st.ctx);
-    v1::Compute::Stub* stub = stub_.get();
-    grpc::Channel* channel = channel_.get();
-    if (s > 0) {
-      channel = TransferChannel(s - 1);
-      st.stub = v1::Compute::NewStub(
-          std::shared_ptr<grpc::ChannelInterface>(std::shared_ptr<void>(), channel));
-      stub = st.stub.get();
-    }
-    AwaitConnection(channel, options_, call);
-    st.rw = stub->Batch(&st.ctx);
+    AwaitConnection(channels[s], options_, call);
+    st.rw.reset(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channels[s], batch_method, &st.ctx));
   }
   auto cancel_all = [&] {
     for (auto& st : all) st->ctx.TryCancel();
@@ -1091,12 +1095,23 @@ absl::StatusOr<std::vector<BatchItem>> Client::Batch(
         state.mu.Await(absl::Condition(&room));
         if (state.stop) return;
       }
-      absl::MutexLock write_lock(&write_mu);
-      const v1::BatchRequest& request = request_at(i);
+      grpc::ByteBuffer raw;
       bool more = false;
       {
+        absl::MutexLock write_lock(&write_mu);
+        const v1::BatchRequest& request = request_at(i);
+        bool own_buffer = false;
+        const grpc::Status serialized =
+            grpc::SerializationTraits<v1::BatchRequest>::Serialize(request, &raw, &own_buffer);
         absl::MutexLock lock(&state.mu);
         if (state.stop) return;
+        if (!serialized.ok()) {
+          state.error = absl::InvalidArgumentError(
+              absl::StrCat("requests[", i, "]: ", serialized.error_message()));
+          state.stop = true;
+          cancel_all();
+          return;
+        }
         if (!state.index_of.emplace(request.id(), i).second) {
           state.error = absl::InvalidArgumentError(
               absl::StrCat("requests[", i, "].id: \"", request.id(), "\" is used twice"));
@@ -1114,16 +1129,26 @@ absl::StatusOr<std::vector<BatchItem>> Client::Batch(
       }
       grpc::WriteOptions options;
       if (more) options.set_buffer_hint();
-      if (!st.rw->Write(request, options)) return;  // the stream broke; Finish says why
+      if (!st.rw->Write(raw, options)) return;  // the stream broke; Finish says why
     }
     st.rw->WritesDone();
   };
   auto read = [&](int s) {
     Stream& st = *all[s];
     v1::BatchResponse response;
-    while (st.rw->Read(&response)) {
+    grpc::ByteBuffer raw;
+    while (st.rw->Read(&raw)) {
       absl::Time now = absl::Now();
+      const grpc::Status parsed =
+          grpc::SerializationTraits<v1::BatchResponse>::Deserialize(&raw, &response);
       absl::MutexLock lock(&state.mu);
+      if (!parsed.ok()) {
+        state.error = absl::InternalError(
+            absl::StrCat("batch: an answer could not be parsed: ", parsed.error_message()));
+        state.stop = true;
+        cancel_all();
+        break;
+      }
       auto it = state.index_of.find(response.id());
       if (it == state.index_of.end() || state.answered[it->second]) {
         state.error = absl::InternalError(absl::StrCat(

@@ -274,8 +274,9 @@ class Client {
 
   // Streams `count` requests over Batch calls and collects the answers.
   // request_at(i) returns request i; the reference must stay valid until the
-  // next call of request_at (calls are serialised and one request is written
-  // at a time, so a caller may reuse one message). Ids must be unique. At
+  // next call of request_at (calls are serialised, and each request is
+  // serialized before the next call, so a caller may reuse one message; the
+  // streams write in parallel). Ids must be unique. At
   // most `max_outstanding` requests are unanswered at any time (0: no limit).
   // `streams` Batch calls run at once, stream s carrying requests s,
   // s + streams, ... and its share of max_outstanding: stream 0 over the
@@ -285,8 +286,9 @@ class Client {
   // whole job. Returns the answers in request order, failed items included
   // (their code != 0). Errors: the first failed stream's status when a
   // stream itself fails; INTERNAL when the server answers an unknown or
-  // repeated id or leaves one unanswered; INVALID_ARGUMENT for a repeated
-  // request id or streams outside [1, 64].
+  // repeated id or leaves one unanswered, or sends an answer that does not
+  // parse; INVALID_ARGUMENT for a repeated request id, a request protobuf
+  // cannot serialize (over 2 GB), or streams outside [1, 64].
   absl::StatusOr<std::vector<BatchItem>> Batch(
       int64_t count, const std::function<const v1::BatchRequest&(int64_t)>& request_at,
       const CallOptions& call = {}, int max_outstanding = 0, int streams = 1) const;

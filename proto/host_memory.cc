@@ -45,6 +45,11 @@ absl::Status KeepFreedHostMemory(int64_t retain_bytes, int arenas) {
       mallopt(M_TRIM_THRESHOLD, static_cast<int>(retain_bytes)) != 1) {
     return absl::InternalError("the C library refused an allocator setting (mallopt)");
   }
+  // A further arena deletes a heap of its own as soon as it empties, unless
+  // the heap before it lacks the top pad: a pad of a whole heap keeps them.
+  if (arenas > 1 && mallopt(M_TOP_PAD, static_cast<int>(kArenaHeapBytes)) != 1) {
+    return absl::InternalError("the C library refused an allocator setting (mallopt)");
+  }
   return absl::OkStatus();
 }
 

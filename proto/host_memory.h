@@ -24,20 +24,25 @@
 
 namespace gpucompute {
 
-// Serves every allocation from `arenas` heaps (glibc arenas; a block larger
-// than a further arena's 64 MiB heap always comes from the first) and keeps
-// up to `retain_bytes` of freed memory for reuse (no mmap for large blocks,
-// the trim threshold at `retain_bytes`), so that messages reuse memory
-// already mapped. The price: the process keeps up to `retain_bytes` it no
-// longer uses. One arena keeps every block in one pool, but all threads take
-// its lock for every allocation; more arenas spread small allocations over
-// locks, but a further arena's heap is unmapped when it empties, so blocks of
-// a few MiB there page-fault in again. Call first thing in main, before
-// threads start. `retain_bytes` == 0 leaves the allocator as it is. Errors:
+// Serves every allocation from `arenas` heaps (glibc arenas) and keeps up to
+// `retain_bytes` of freed memory for reuse (no mmap for large blocks, the
+// trim threshold at `retain_bytes`), so that messages reuse memory already
+// mapped. The price: the process keeps up to `retain_bytes` it no longer
+// uses. One arena keeps every block in one pool, but all threads take its
+// lock for every allocation. More arenas spread small allocations over
+// locks; a further arena grows in heaps of kArenaHeapBytes, kept once made
+// (the top pad is set to a whole heap: by default an emptied heap is
+// unmapped, and blocks of a few MiB page-fault in again). A block larger
+// than such a heap, allocated by a thread of a further arena, is mapped on
+// its own and unmapped when freed (glibc has no other place for it), so it
+// page-faults in every time. Call first thing in main, before threads
+// start. `retain_bytes` == 0 leaves the allocator as it is. Errors:
 // INVALID_ARGUMENT when `retain_bytes` is negative or over 2^31 - 1 or
 // `arenas` < 1, INTERNAL when the allocator refuses a setting (a sanitizer's
 // does: it is then used as it is).
 absl::Status KeepFreedHostMemory(int64_t retain_bytes, int arenas = 1);
+// The size of a further arena's heaps (glibc's HEAP_MAX_SIZE on 64 bits).
+inline constexpr int64_t kArenaHeapBytes = int64_t{64} << 20;
 
 // Holds the allocator to its retention: the allocator gives memory back to
 // the system only from the top of a heap, so freed blocks below one still in

@@ -27,6 +27,8 @@ struct BackendOptions {
   int cpu_devices = 1;
   // Per GPU: pinned staging memory, split among its lanes (CUDA only).
   int64_t pinned_staging_bytes = int64_t{256} << 20;
+  // Per GPU: streams (lanes) that run shards at once (CUDA only).
+  int gpu_lanes = 8;
 };
 
 // The devices of one backend.

@@ -66,14 +66,18 @@ ABSL_FLAG(absl::Duration, resident_lease, kDefaults.resident_lease,
 ABSL_FLAG(int64_t, pinned_staging_bytes, kDefaults.pinned_staging_bytes,
           "per GPU: pinned host memory for staging copies, allocated once at start and split "
           "between the GPU's streams");
+ABSL_FLAG(int, gpu_lanes, kDefaults.gpu_lanes,
+          "per GPU: streams that run operations at once (1 to 64), each with its share of "
+          "--pinned_staging_bytes; more run more small operations at once");
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "freed host memory the allocator keeps for reuse, so that large messages do not "
           "page-fault their buffers in again (one heap, no mmap); more is given back within a "
           "second; 0 = the C library's defaults, and freed memory is given back within a second");
-ABSL_FLAG(int, host_memory_arenas, 1,
-          "with --retain_host_memory_bytes: heaps the allocator spreads threads over; 1 keeps "
-          "every freed block for reuse by any thread (best for large messages), more lets many "
-          "threads allocate at once (small requests at high rates)");
+ABSL_FLAG(int, host_memory_arenas, 8,
+          "with --retain_host_memory_bytes: heaps the allocator spreads threads over; more let "
+          "many threads allocate at once (small requests at high rates); 1 keeps every freed "
+          "block in one pool (best for requests sent as one message of more than 64 MiB, whose "
+          "blocks a further heap cannot hold)");
 ABSL_FLAG(int, worker_threads, kDefaults.worker_threads,
           "threads running operations; 0 = twice the hardware threads (at least 4)");
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,
@@ -155,6 +159,7 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.resident_max_tensors = absl::GetFlag(FLAGS_resident_max_tensors);
   options.resident_lease = absl::GetFlag(FLAGS_resident_lease);
   options.pinned_staging_bytes = absl::GetFlag(FLAGS_pinned_staging_bytes);
+  options.gpu_lanes = absl::GetFlag(FLAGS_gpu_lanes);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);

@@ -57,6 +57,10 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_inflight_bytes: expected >= 0 (0 = no limit) but got ", options.max_inflight_bytes));
   }
+  if (options.gpu_lanes < 1 || options.gpu_lanes > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_lanes: expected 1 to 64 but got ", options.gpu_lanes));
+  }
   if (options.device_max_inflight_bytes < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device_max_inflight_bytes: expected >= -1 (0 = no bound, -1 = automatic) "
@@ -207,6 +211,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   backend.device_weights = options.device_weights;
   backend.cpu_devices = options.cpu_devices;
   backend.pinned_staging_bytes = options.pinned_staging_bytes;
+  backend.gpu_lanes = options.gpu_lanes;
   ASSIGN_OR_RETURN(DeviceSet devices, CreateDevices(backend));
   return Create(std::move(options), std::move(devices));
 }

@@ -65,6 +65,9 @@ struct ServerOptions {
   // Per GPU: pinned staging memory, allocated at start and split among the
   // GPU's lanes.
   int64_t pinned_staging_bytes = int64_t{256} << 20;
+  // Per GPU: streams (lanes) that run shards at once, each with its share of
+  // the pinned staging memory.
+  int gpu_lanes = 8;
   // Threads that run operations; 0 = twice the hardware threads (at least 4).
   int worker_threads = 0;
   // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,

@@ -34,7 +34,9 @@ ABSL_FLAG(int, concurrency, 4,
 ABSL_FLAG(std::string, mode, "unary",
           "bench: unary (C threads of unary calls) or batch (one Batch stream with up to C "
           "requests outstanding; its deadline is --timeout per C requests).");
-ABSL_FLAG(int64_t, warmup, 5, "bench: untimed requests before each measurement.");
+ABSL_FLAG(int64_t, warmup, 5,
+          "bench: untimed requests before each measurement; with --mode=batch also an "
+          "untimed job of that many items over the same streams.");
 ABSL_FLAG(bool, echo_baseline, true, "bench: also measure Echo of the same request payload.");
 ABSL_FLAG(int64_t, bytes, int64_t{256} << 20,
           "bench upload|download: bytes of each transfer (a multiple of the --dtype size).");
@@ -142,11 +144,12 @@ Stats RunUnary(const std::string& label, int64_t n, int concurrency, const CallF
 
 // `n` requests over --streams Batch streams (each on a connection of its
 // own) with up to `concurrency` outstanding in all.
-// The handles of the results the requests kept go to `kept`.
+// The handles of the results the requests kept go to `kept`. `label` names
+// the job on the progress bar.
 Stats RunBatch(const Client& client, v1::BatchRequest request, int64_t n, int concurrency,
-               std::vector<std::string>& kept) {
+               std::vector<std::string>& kept, const std::string& label) {
   Stats stats;
-  Progress progress("batch", n);
+  Progress progress(label, n);
   CallOptions call = MakeCallOptions();
   call.timeout *= std::max<int64_t>(1, (n + concurrency - 1) / concurrency);
   auto start = Clock::now();
@@ -414,17 +417,35 @@ int RunBench(const std::string& op) {
       });
     } else {
       // The results are freed once the stream is done.
-      std::vector<std::string> kept;
-      stats = RunBatch(**client, request, n, concurrency, kept);
-      constexpr size_t kPerFree = 1000;
-      for (size_t i = 0; i < kept.size(); i += kPerFree) {
-        std::vector<std::string> some(kept.begin() + i,
-                                      kept.begin() + std::min(kept.size(), i + kPerFree));
-        if (absl::Status s = free_kept(some); !s.ok()) {
-          PrintError("free", s);
-          exit_code = kExitCallFailed;
-          break;
+      auto free_all = [&](const std::vector<std::string>& kept) -> absl::Status {
+        constexpr size_t kPerFree = 1000;
+        for (size_t i = 0; i < kept.size(); i += kPerFree) {
+          std::vector<std::string> some(kept.begin() + i,
+                                        kept.begin() + std::min(kept.size(), i + kPerFree));
+          if (absl::Status s = free_kept(some); !s.ok()) return s;
         }
+        return absl::OkStatus();
+      };
+      // A warm-up job over the same streams first (untimed): every stream's
+      // connection is made and the server's streams and lanes are warm
+      // before the timed job starts.
+      if (warmup > 0) {
+        std::vector<std::string> kept;
+        Stats warm = RunBatch(**client, request, warmup, concurrency, kept, "warm-up");
+        if (warm.errors > 0) {
+          PrintError(op, absl::InternalError(absl::StrCat("warm-up batch: ", warm.first_error)));
+          return kExitCallFailed;
+        }
+        if (absl::Status s = free_all(kept); !s.ok()) {
+          PrintError("free", s);
+          return kExitCallFailed;
+        }
+      }
+      std::vector<std::string> kept;
+      stats = RunBatch(**client, request, n, concurrency, kept, "batch");
+      if (absl::Status s = free_all(kept); !s.ok()) {
+        PrintError("free", s);
+        exit_code = kExitCallFailed;
       }
     }
     stats.payload_bytes = double(request_bytes + response_bytes);

@@ -45,10 +45,10 @@ mport() { sed -E 's/.*"metrics_port": *([0-9]+).*/\1/' "$work/$1.json"; }
 scrape() {  # name -> metrics text on stdout
   python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$(mport "$1")/metrics').read().decode())"
 }
-cli_on() {  # name, label, cli args... (output in $work/label.txt)
+cli_on() {  # name, label, cli args... (output in $work/label.txt); PIN: cores for the CLI
   local name=$1 label=$2
   shift 2
-  "$cli" --server=127.0.0.1:$(port "$name") --timeout=600s --max_message_bytes=2000000000 \
+  ${PIN:+taskset -c $PIN} "$cli" --server=127.0.0.1:$(port "$name") --timeout=600s --max_message_bytes=2000000000 \
     ${CLI_ARGS:-} "$@" \
     >"$work/$label.txt" 2>&1
   local rc=$?
@@ -92,6 +92,7 @@ record "gemm8192_bf16_kernel_mean_ms" \
 cli_on one gemm64_resident bench gemm --m=64 --n=64 --k=64 --dtype=float32 --resident \
   --requests=2000 --warmup=100 --concurrency=1
 record "gemm64_resident_p50_ms" "$(p50_of gemm64_resident)"
+record "gemm64_echo_p50_ms" "$(awk '/^echo /{print $3; exit}' "$work/gemm64_resident.txt")"
 # Where a 64^3 call's time goes: the mean of each stage over these calls
 # (the difference of two scrapes), in microseconds.
 scrape one >"$work/m1b.txt"
@@ -111,6 +112,16 @@ for stage in sorted({k[0] for k in b}):
     if c > 0:
         print(f"gemm64_stage_{stage}_mean_us {s / c * 1e6:.1f}")
 PY
+# The same with the server's threads on cores 0-7 and the client's on 8-11
+# (what waking threads on other cores, far apart, costs the round trip).
+if [ "$(nproc)" -ge 12 ] && command -v taskset >/dev/null; then
+  taskset -a -p -c 0-7 "$(cat "$work/one.pid")" >/dev/null
+  PIN=8-11 cli_on one gemm64_pinned bench gemm --m=64 --n=64 --k=64 --dtype=float32 --resident \
+    --requests=2000 --warmup=100 --concurrency=1
+  record "gemm64_resident_pinned_p50_ms" "$(p50_of gemm64_pinned)"
+  record "gemm64_echo_pinned_p50_ms" "$(awk '/^echo /{print $3; exit}' "$work/gemm64_pinned.txt")"
+  taskset -a -p -c 0-$(($(nproc) - 1)) "$(cat "$work/one.pid")" >/dev/null
+fi
 cli_on one gemm8k_inline bench gemm --m=8192 --n=8192 --k=8192 --dtype=bfloat16 \
   --requests=10 --warmup=2 --concurrency=1
 record "gemm8192_bf16_inline_p50_ms" "$(p50_of gemm8k_inline)"
@@ -144,7 +155,8 @@ done
 fi
 
 # 6. Batch jobs on resident operands: one GPU, then all, over one Batch
-# stream and over four (each on a connection of its own). Each job runs three
+# stream and over several (each on a connection of its own; the CLI runs an
+# untimed warm-up job over the same streams first). Each job runs three
 # times and the median rate is recorded. Per job: each device's shards and
 # mean kernel time (CUDA events: a kernel queued behind another lane's counts
 # its wait), the server's CPU cores in use, and the client's. A job of 64^3
@@ -205,24 +217,30 @@ if [ "${SKIP_BATCH:-0}" != 1 ]; then
   cli_on one gemm2048_alone gemm --m=2048 --n=2048 --k=2048 --dtype=bfloat16 --resident --repeat=20
   record "gemm2048_bf16_alone_shard" "$(grep -E '^ *0 ' "$work/gemm2048_alone.txt" | tr -s ' ' | head -1)"
 fi
+# BATCH_STREAMS: the stream counts of the GEMM jobs (the last also runs the
+# 5000-item job); BATCH_CONCURRENCY: their requests outstanding.
+batch_streams=${BATCH_STREAMS:-1 4 8}
+most_streams=${batch_streams##* }
+bc=${BATCH_CONCURRENCY:-64}
 for name in $([ "${SKIP_BATCH:-0}" = 1 ] || echo one all); do
-  for st in 1 4; do
+  for st in $batch_streams; do
     batch_job $name batch_gemm2048_bf16_s${st}_$name gemm --m=2048 --n=2048 --k=2048 \
-      --dtype=bfloat16 --requests=1000 --warmup=20 --concurrency=64 --streams=$st
+      --dtype=bfloat16 --requests=1000 --warmup=200 --concurrency=$bc --streams=$st
   done
-  batch_job $name batch_gemm2048_bf16_s4_5k_$name gemm --m=2048 --n=2048 --k=2048 \
-    --dtype=bfloat16 --requests=5000 --warmup=20 --concurrency=64 --streams=4
+  batch_job $name batch_gemm2048_bf16_s${most_streams}_5k_$name gemm --m=2048 --n=2048 \
+    --k=2048 --dtype=bfloat16 --requests=5000 --warmup=200 --concurrency=$bc \
+    --streams=$most_streams
   batch_job $name batch_attention_s1_$name attention --batch=4 --heads_q=32 --heads_kv=8 \
     --seq_q=2048 --seq_kv=2048 --head_dim=128 --causal --dtype=bfloat16 \
     --requests=200 --warmup=10 --concurrency=16 --streams=1
-  batch_job $name batch_gemm64_s4_$name gemm --m=64 --n=64 --k=64 --dtype=float32 \
-    --requests=20000 --warmup=20 --concurrency=64 --streams=4
+  batch_job $name batch_gemm64_s${most_streams}_$name gemm --m=64 --n=64 --k=64 \
+    --dtype=float32 --requests=20000 --warmup=200 --concurrency=$bc --streams=$most_streams
 done
 if [ "${SKIP_BATCH:-0}" != 1 ]; then
   # What Batch streams carry on this host with no device work at all: the
-  # CPU backend, 8^3 GEMMs, over one stream and over four.
+  # CPU backend, 8^3 GEMMs, over one stream and over more.
   start_server cpu --backend=cpu --cpu_devices=1
-  for st in 1 4; do
+  for st in 1 $most_streams 16; do
     batch_job cpu batch_gemm8_cpu_s$st gemm --m=8 --n=8 --k=8 --dtype=float32 \
       --requests=20000 --warmup=20 --concurrency=64 --streams=$st
   done

@@ -722,15 +722,34 @@ TEST_F(ResidentTest, FreeIsAllOrNoneAndOnce) {
 // is dropped, not published: the caller never learns its handle.
 TEST_F(ResidentTest, AResultKeptForACallerThatLeftIsDropped) {
   auto client = NewClient(Session("left"));
-  // Sized from a timed probe to about a second of work on this server's
-  // devices (whatever their number and speed); the caller leaves after 50 ms.
-  constexpr int64_t kProbe = 512;
-  const v1::GemmRequest probe = MakeGemm(v1::FLOAT32, {.m = kProbe, .n = kProbe, .k = kProbe});
-  absl::StatusOr<v1::GemmResponse> timed = client->Gemm(probe);
-  ASSERT_TRUE(timed.ok()) << timed.status();
-  const double scale = std::cbrt(1.0 / std::max(timed->timings().kernel_seconds(), 1e-4));
-  const int64_t size = std::clamp<int64_t>(int64_t(kProbe * scale) / 64 * 64, 1024, 8192);
-  const v1::GemmRequest gemm = MakeGemm(v1::FLOAT32, {.m = size, .n = size, .k = size});
+  // The slowest GEMM variant, sized by timed probes to at least a quarter
+  // second of work on this server's devices (whatever their number and
+  // speed; the default's fp32 8192^3 takes an H200 some 20 ms); the caller
+  // leaves after 50 ms.
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::string slowest;
+  for (const v1::OperationVariants& op : info->operations()) {
+    if (op.operation() == "gemm" && op.variants_size() > 0) slowest = *op.variants().rbegin();
+  }
+  ASSERT_FALSE(slowest.empty()) << "no GEMM variants in " << info->DebugString();
+  // Small products use a GPU poorly (a naive 512^3 took an H200 3 ms, its
+  // 3520^3 under 50 ms), so the probe grows until it takes a quarter second
+  // or reaches 8192^3.
+  int64_t size = 512;
+  double probe_seconds = 0;
+  for (int round = 0; round < 6; ++round) {
+    v1::GemmRequest probe = MakeGemm(v1::FLOAT32, {.m = size, .n = size, .k = size});
+    probe.mutable_options()->set_variant(slowest);
+    absl::StatusOr<v1::GemmResponse> timed = client->Gemm(probe);
+    ASSERT_TRUE(timed.ok()) << timed.status();
+    probe_seconds = std::max(timed->timings().kernel_seconds(), 1e-4);
+    if (probe_seconds >= 0.25 || size == 8192) break;
+    size = std::clamp<int64_t>(int64_t(double(size) * std::cbrt(1.0 / probe_seconds)) / 64 * 64,
+                               size + 64, 8192);
+  }
+  v1::GemmRequest gemm = MakeGemm(v1::FLOAT32, {.m = size, .n = size, .k = size});
+  gemm.mutable_options()->set_variant(slowest);
   auto a = client->Upload(gemm.a());
   auto b = client->Upload(gemm.b());
   ASSERT_TRUE(a.ok() && b.ok());
@@ -740,8 +759,8 @@ TEST_F(ResidentTest, AResultKeptForACallerThatLeftIsDropped) {
   on_handles.mutable_options()->set_keep_output(true);
   auto left = client->Gemm(on_handles, {.timeout = absl::Milliseconds(50)});
   EXPECT_EQ(left.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << left.status() << " (GEMM " << size << "^3 fp32; the probe's " << kProbe << "^3 took "
-      << timed->timings().kernel_seconds() << " s)";
+      << left.status() << " (GEMM " << size << "^3 fp32, " << slowest << "; its probe took "
+      << probe_seconds << " s)";
   // Once the server holds no request (its work stopped or finished and was
   // dropped), the session holds only the operands.
   const absl::Time until = absl::Now() + absl::Seconds(30);

@@ -312,6 +312,9 @@ TEST(ServerCreateTest, RejectsBadOptionsNamingTheFlag) {
       absl::StatusCode::kInvalidArgument, "--max_message_bytes");
   add([](ServerOptions& o) { o.max_inflight_bytes = -1; }, absl::StatusCode::kInvalidArgument,
       "--max_inflight_bytes");
+  add([](ServerOptions& o) { o.gpu_lanes = 0; }, absl::StatusCode::kInvalidArgument, "--gpu_lanes");
+  add([](ServerOptions& o) { o.gpu_lanes = 65; }, absl::StatusCode::kInvalidArgument,
+      "--gpu_lanes");
   add([](ServerOptions& o) { o.device_max_inflight_bytes = -2; },
       absl::StatusCode::kInvalidArgument, "--device_max_inflight_bytes");
   add([](ServerOptions& o) { o.listen = ""; }, absl::StatusCode::kInvalidArgument, "--listen");

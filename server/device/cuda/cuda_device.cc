@@ -271,11 +271,14 @@ class CudaBuffer final : public DeviceBuffer {
 };
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> CudaDevice::Allocate(int64_t bytes) {
-  ShardScope scope(this);
+  // On the calling thread's own stream rather than a lane: a result's
+  // allocation neither waits for a lane nor holds one, and the
+  // synchronisation makes the memory usable on every stream.
+  DeviceGuard guard(ordinal_);
   void* p = nullptr;
-  cudaError_t err =
-      cudaMallocFromPoolAsync(&p, size_t(std::max<int64_t>(bytes, 256)), pool_, scope.stream());
-  if (err == cudaSuccess) err = cudaStreamSynchronize(scope.stream());
+  cudaError_t err = cudaMallocFromPoolAsync(&p, size_t(std::max<int64_t>(bytes, 256)), pool_,
+                                            cudaStreamPerThread);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cudaStreamPerThread);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return Check(err, absl::StrCat("device allocation of ", bytes, " resident bytes"));
@@ -450,7 +453,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputV
   size_t ws_bytes = k::GemmWorkspaceBytes(args, variant);
   void* ws = nullptr;
   if (ws_bytes) {
-    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
+    ASSIGN_OR_RETURN(ws, scope.Workspace(ws_bytes));
   }
   const std::string ran = k::GemmVariantName(args, variant);
   RETURN_IF_ERROR(scope.BeginKernels());
@@ -549,7 +552,7 @@ absl::StatusOr<ShardRun> CudaDevice::Gemv(const GemvSpec& s, Range rows, OutputV
   size_t ws_bytes = k::GemvWorkspaceBytes(args, variant);
   void* ws = nullptr;
   if (ws_bytes) {
-    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
+    ASSIGN_OR_RETURN(ws, scope.Workspace(ws_bytes));
   }
   const std::string ran = k::GemvVariantName(args, variant);
   RETURN_IF_ERROR(scope.BeginKernels());
@@ -618,7 +621,7 @@ absl::StatusOr<ShardRun> CudaDevice::Reduce(const ReduceSpec& s, Range outer, Ra
   size_t ws_bytes = k::ReduceWorkspaceBytes(args, variant);
   void* ws = nullptr;
   if (ws_bytes) {
-    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));  // the launch clears what it needs cleared
+    ASSIGN_OR_RETURN(ws, scope.Workspace(ws_bytes));  // the launch clears what it needs cleared
   }
   const std::string ran = k::ReduceVariantName(args, variant);
   RETURN_IF_ERROR(scope.BeginKernels());
@@ -673,7 +676,7 @@ absl::StatusOr<ShardRun> CudaDevice::ReduceChunks(const ReduceSpec& s, Range out
   }
   void* ws = nullptr;
   if (ws_bytes) {
-    ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));  // the launches clear what they need cleared
+    ASSIGN_OR_RETURN(ws, scope.Workspace(ws_bytes));  // the launches clear what they need cleared
   }
   std::string ran;
   if (full) {
@@ -985,7 +988,7 @@ absl::StatusOr<ShardRun> CudaDevice::Attention(const AttentionSpec& s, Range hea
     size_t ws_bytes = k::AttentionWorkspaceBytes(args, variant);
     void* ws = nullptr;
     if (ws_bytes) {
-      ASSIGN_OR_RETURN(ws, scope.Alloc(ws_bytes));
+      ASSIGN_OR_RETURN(ws, scope.Workspace(ws_bytes));
     }
     const std::string name(k::AttentionVariantName(args, variant));
     if (ran.empty() || ran.back() != name) ran.push_back(name);

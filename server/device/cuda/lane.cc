@@ -106,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_byt
 
 Lane::~Lane() {
   DeviceGuard guard(ordinal_);
+  if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
   if (stream_) cudaStreamSynchronize(stream_);
   for (void* p : buffers_) cudaFreeHost(p);
   for (cudaEvent_t e : ready_) cudaEventDestroy(e);
@@ -193,6 +194,23 @@ absl::Status Lane::Download(void* dst, size_t dst_pitch, const void* src, size_t
       if (absl::Status s = issue(i + nb); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+cudaError_t Lane::Scratch(size_t bytes, cudaMemPool_t pool, void** out) {
+  if (bytes > scratch_bytes_) {
+    if (scratch_ != nullptr) {
+      cudaFreeAsync(scratch_, stream_);  // in stream order: after the work that used it
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+    }
+    void* p = nullptr;
+    if (cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool, stream_); err != cudaSuccess)
+      return err;
+    scratch_ = p;
+    scratch_bytes_ = bytes;
+  }
+  *out = scratch_;
+  return cudaSuccess;
 }
 
 absl::Status Lane::Synchronize() {

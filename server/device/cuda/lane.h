@@ -56,6 +56,13 @@ class Lane {
   // Waits for everything enqueued on the stream.
   absl::Status Synchronize();
 
+  // Device memory of at least `bytes` from `pool` for the kernels of the
+  // shard that holds the lane (a workspace), kept from shard to shard: made
+  // on first use and remade larger when a shard needs more, so that a
+  // steady stream of requests allocates none. Valid in stream order until
+  // the next call. Errors: the allocation's cudaError_t.
+  cudaError_t Scratch(size_t bytes, cudaMemPool_t pool, void** out);
+
  private:
   Lane() = default;
 
@@ -80,6 +87,8 @@ class Lane {
   std::vector<void*> buffers_;      // pinned
   std::vector<cudaEvent_t> ready_;  // buffer i may be reused once ready_[i] completes
   std::vector<bool> pending_;       // ready_[i] was recorded and not yet waited for
+  void* scratch_ = nullptr;         // Scratch(), from the device's pool
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace gpucompute::cuda

@@ -39,6 +39,17 @@ absl::StatusOr<void*> ShardScope::Alloc(size_t bytes) {
   return p;
 }
 
+absl::StatusOr<void*> ShardScope::Workspace(size_t bytes) {
+  if (bytes > kMaxLaneScratchBytes) return Alloc(bytes);
+  void* p = nullptr;
+  cudaError_t err = lane_->Scratch(std::max<size_t>(bytes, 256), device_->pool_, &p);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return device_->Check(err, absl::StrCat("device allocation of a ", bytes, "-byte workspace"));
+  }
+  return p;
+}
+
 absl::Status ShardScope::Upload(void* dst, const void* src, size_t rows, size_t row_bytes,
                                 size_t pitch) {
   const auto start = std::chrono::steady_clock::now();

@@ -40,6 +40,13 @@ class ShardScope {
   // order; RESOURCE_EXHAUSTED when the device is out of memory.
   absl::StatusOr<void*> Alloc(size_t bytes);
 
+  // A kernel workspace of `bytes`: the lane's scratch (kept from shard to
+  // shard, no allocation per request) up to kMaxLaneScratchBytes, an Alloc
+  // beyond. Valid until the scope ends; RESOURCE_EXHAUSTED when the device
+  // is out of memory.
+  absl::StatusOr<void*> Workspace(size_t bytes);
+  static constexpr size_t kMaxLaneScratchBytes = size_t{64} << 20;
+
   // Lane::Upload, with its time and bytes accounted as host to device.
   absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t pitch);
   // Lane::UploadFrom, accounted the same way.
