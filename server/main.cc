@@ -71,8 +71,9 @@ ABSL_FLAG(int, gpu_lanes, kDefaults.gpu_lanes,
           "--pinned_staging_bytes; more run more small operations at once");
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "freed host memory the allocator keeps for reuse, so that large messages do not "
-          "page-fault their buffers in again (one heap, no mmap); more is given back within a "
-          "second; 0 = the C library's defaults, and freed memory is given back within a second");
+          "page-fault their buffers in again (no mmap for large blocks); more is given back "
+          "within a second; 0 = the C library's defaults, and freed memory is given back within "
+          "a second");
 ABSL_FLAG(int, host_memory_arenas, 8,
           "with --retain_host_memory_bytes: heaps the allocator spreads threads over; more let "
           "many threads allocate at once (small requests at high rates); 1 keeps every freed "
