@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, mode, "unary",
           "requests outstanding; its deadline is --timeout per C requests).");
 ABSL_FLAG(int64_t, warmup, 5,
           "bench: untimed requests before each measurement; with --mode=batch also an "
-          "untimed job of that many items over the same streams.");
+          "untimed job of that many items (at least one per stream) over the same streams.");
 ABSL_FLAG(bool, echo_baseline, true, "bench: also measure Echo of the same request payload.");
 ABSL_FLAG(int64_t, bytes, int64_t{256} << 20,
           "bench upload|download: bytes of each transfer (a multiple of the --dtype size).");
@@ -426,12 +426,13 @@ int RunBench(const std::string& op) {
         }
         return absl::OkStatus();
       };
-      // A warm-up job over the same streams first (untimed): every stream's
-      // connection is made and the server's streams and lanes are warm
-      // before the timed job starts.
+      // A warm-up job over the same streams first (untimed, at least one item
+      // per stream): every stream's connection is made and the server's
+      // streams and lanes are warm before the timed job starts.
       if (warmup > 0) {
         std::vector<std::string> kept;
-        Stats warm = RunBatch(**client, request, warmup, concurrency, kept, "warm-up");
+        const int64_t items = std::max<int64_t>(warmup, (*client)->options().streams);
+        Stats warm = RunBatch(**client, request, items, concurrency, kept, "warm-up");
         if (warm.errors > 0) {
           PrintError(op, absl::InternalError(absl::StrCat("warm-up batch: ", warm.first_error)));
           return kExitCallFailed;
