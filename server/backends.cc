@@ -71,10 +71,6 @@ absl::StatusOr<DeviceSet> CreateCuda(const BackendOptions& options) {
   // one of them (on tiles 64, 128, 192 or 256 wide, zero past D).
   set.head_dims = AttentionHeadDims();
   cuda::CudaDeviceOptions cuda_options;
-  if (options.gpu_lanes < 1 || options.gpu_lanes > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu_lanes: expected 1 to 64 but got ", options.gpu_lanes));
-  }
   cuda_options.lanes = options.gpu_lanes;
   // The staging ring of each lane: its buffers of one chunk each.
   const int64_t per_buffer =
@@ -104,6 +100,11 @@ bool CudaAvailable() {
 }
 
 absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options) {
+  // Checked whatever the backend, like the other flags of a server.
+  if (options.gpu_lanes < 1 || options.gpu_lanes > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_lanes: expected 1 to 64 but got ", options.gpu_lanes));
+  }
   if (options.backend == "cpu") return CreateCpu(options);
   if (options.backend == "cuda") {
 #ifdef GPUCOMPUTE_WITH_CUDA

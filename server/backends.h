@@ -44,7 +44,8 @@ bool CudaAvailable();
 
 // Creates the devices `options` ask for. Errors: INVALID_ARGUMENT naming the
 // flag (unknown backend, weights that do not match the device count or are
-// not > 0, --devices on the CPU backend, --cpu_devices < 1),
+// not > 0, --devices on the CPU backend, --cpu_devices < 1, --gpu_lanes
+// outside [1, 64]),
 // FAILED_PRECONDITION when "cuda" is asked of a build or machine without it,
 // or the backend's own error.
 absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options);

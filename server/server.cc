@@ -57,10 +57,6 @@ absl::Status CheckOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_inflight_bytes: expected >= 0 (0 = no limit) but got ", options.max_inflight_bytes));
   }
-  if (options.gpu_lanes < 1 || options.gpu_lanes > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu_lanes: expected 1 to 64 but got ", options.gpu_lanes));
-  }
   if (options.device_max_inflight_bytes < -1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device_max_inflight_bytes: expected >= -1 (0 = no bound, -1 = automatic) "
