@@ -94,17 +94,19 @@ TEST_F(ReplicasTest, TheCliSpreadsABenchOverEveryReplica) {
   const std::string list = absl::StrJoin(addresses_, ",");
   CommandResult bench =
       RunCommand({CliPath(), "bench", "gemm", absl::StrCat("--server=", list), "--m=64", "--n=64",
-                  "--k=64", "--requests=300", "--concurrency=6", "--echo_baseline=false"},
+                  "--k=64", "--requests=3000", "--concurrency=6", "--echo_baseline=false"},
                  absl::Seconds(120));
   ASSERT_EQ(bench.exit_code, 0) << bench.output;
   const std::vector<double> served = Served();
   double total = 0;
   for (double s : served) total += s;
-  // 300 timed calls and the warm-up's 5.
-  EXPECT_EQ(total, 305) << bench.output;
+  // 3000 timed calls and the warm-up's 5.
+  EXPECT_EQ(total, 3005) << bench.output;
   for (int i = 0; i < kReplicas; ++i) {
     // round_robin: a third each, give or take the calls of threads that
-    // were quicker on one replica.
+    // were quicker on one replica, and those made before the last replica's
+    // connection was up (round_robin uses only connected replicas; with 300
+    // calls, one that connected late served 35 on a loaded CI host).
     EXPECT_GE(served[i], total * 0.2) << "replica " << i << ": " << absl::StrJoin(served, ", ");
   }
   Record(absl::StrFormat("cli bench over %d replicas: %s Gemm calls served by each", kReplicas,
