@@ -72,6 +72,7 @@ absl::StatusOr<DeviceSet> CreateCuda(const BackendOptions& options) {
   set.head_dims = AttentionHeadDims();
   cuda::CudaDeviceOptions cuda_options;
   cuda_options.lanes = options.gpu_lanes;
+  cuda_options.copy_threads = options.staging_copy_threads;
   // The staging ring of each lane: its buffers of one chunk each.
   const int64_t per_buffer =
       options.pinned_staging_bytes / (cuda_options.lanes * cuda_options.staging_buffers);
@@ -104,6 +105,11 @@ absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options) {
   if (options.gpu_lanes < 1 || options.gpu_lanes > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("--gpu_lanes: expected 1 to 64 but got ", options.gpu_lanes));
+  }
+  if (options.staging_copy_threads < 0 || options.staging_copy_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--staging_copy_threads: expected 0 (automatic) to 64 but got ",
+                     options.staging_copy_threads));
   }
   if (options.backend == "cpu") return CreateCpu(options);
   if (options.backend == "cuda") {

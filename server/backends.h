@@ -29,6 +29,8 @@ struct BackendOptions {
   int64_t pinned_staging_bytes = int64_t{256} << 20;
   // Per GPU: streams (lanes) that run shards at once (CUDA only).
   int gpu_lanes = 8;
+  // Per GPU: staging copy threads; 0 = automatic (CUDA only).
+  int staging_copy_threads = 0;
 };
 
 // The devices of one backend.
@@ -45,7 +47,7 @@ bool CudaAvailable();
 // Creates the devices `options` ask for. Errors: INVALID_ARGUMENT naming the
 // flag (unknown backend, weights that do not match the device count or are
 // not > 0, --devices on the CPU backend, --cpu_devices < 1, --gpu_lanes
-// outside [1, 64]),
+// outside [1, 64], --staging_copy_threads outside [0, 64]),
 // FAILED_PRECONDITION when "cuda" is asked of a build or machine without it,
 // or the backend's own error.
 absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options);

@@ -69,6 +69,9 @@ ABSL_FLAG(int64_t, pinned_staging_bytes, kDefaults.pinned_staging_bytes,
 ABSL_FLAG(int, gpu_lanes, kDefaults.gpu_lanes,
           "per GPU: streams that run operations at once (1 to 64), each with its share of "
           "--pinned_staging_bytes; more run more small operations at once");
+ABSL_FLAG(int, staging_copy_threads, kDefaults.staging_copy_threads,
+          "per GPU: threads that copy between pageable host memory and the pinned staging "
+          "buffers (0 to 64); 0 = the host's cores shared among the GPUs, at most 8 each");
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "freed host memory the allocator keeps for reuse, so that large messages do not "
           "page-fault their buffers in again (no mmap for large blocks); more is given back "
@@ -161,6 +164,7 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.resident_lease = absl::GetFlag(FLAGS_resident_lease);
   options.pinned_staging_bytes = absl::GetFlag(FLAGS_pinned_staging_bytes);
   options.gpu_lanes = absl::GetFlag(FLAGS_gpu_lanes);
+  options.staging_copy_threads = absl::GetFlag(FLAGS_staging_copy_threads);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);

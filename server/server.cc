@@ -208,6 +208,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   backend.cpu_devices = options.cpu_devices;
   backend.pinned_staging_bytes = options.pinned_staging_bytes;
   backend.gpu_lanes = options.gpu_lanes;
+  backend.staging_copy_threads = options.staging_copy_threads;
   ASSIGN_OR_RETURN(DeviceSet devices, CreateDevices(backend));
   return Create(std::move(options), std::move(devices));
 }

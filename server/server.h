@@ -68,6 +68,9 @@ struct ServerOptions {
   // Per GPU: streams (lanes) that run shards at once, each with its share of
   // the pinned staging memory.
   int gpu_lanes = 8;
+  // Per GPU: threads that copy to and from the pinned staging memory; 0 =
+  // the host's cores shared among the GPUs, at most 8 each.
+  int staging_copy_threads = 0;
   // Threads that run operations; 0 = twice the hardware threads (at least 4).
   int worker_threads = 0;
   // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,

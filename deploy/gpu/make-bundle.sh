@@ -15,8 +15,8 @@ cd "$(dirname "$0")/../.."
 out="${1:-.gpu-server}"
 cmake --preset h200 >/dev/null
 cmake --build --preset h200 -j "$(nproc)" --target gpucompute-server gpucompute integration_test \
-  gc_sweep_memops gc_sweep_gemm gc_sweep_attention kernels_gemv_test kernels_reduce_test \
-  kernels_transpose_test kernels_gemm_tc_test kernels_gemm_simt_test kernels_attention_test \
+  gc_sweep_memops gc_sweep_gemm gc_sweep_attention gc_bench_device_path kernels_gemv_test \
+  kernels_reduce_test kernels_transpose_test kernels_gemm_tc_test kernels_gemm_simt_test kernels_attention_test \
   gc_kernels_capi
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
@@ -26,13 +26,15 @@ cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
    deploy/gpu/sweep-attention.sh deploy/gpu/profile-attention.sh kernels/bench/attention_profile.py \
    kernels/bench/attention_sdpa.py build/h200/tests/sweep/gc_sweep_memops \
    build/h200/tests/sweep/gc_sweep_gemm build/h200/tests/sweep/gc_sweep_attention \
+   build/h200/tests/sweep/gc_bench_device_path \
    tests/sweep/torch_vendor.py tests/sweep/gemm_table.py tests/sweep/attention_vendor.py \
    build/h200/tests/kernels/kernels_attention_test build/h200/tests/kernels/kernels_gemv_test \
    build/h200/tests/kernels/kernels_reduce_test build/h200/tests/kernels/kernels_transpose_test \
    build/h200/tests/kernels/kernels_gemm_tc_test build/h200/tests/kernels/kernels_gemm_simt_test "$out/bin/"
 skip='/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas[A-Za-z]*|libnvidia[^/]*|libssl|libcrypto)\.so'
 for bin in "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test \
-           "$out"/bin/gc_sweep_memops "$out"/bin/gc_sweep_gemm "$out"/bin/gc_sweep_attention; do
+           "$out"/bin/gc_sweep_memops "$out"/bin/gc_sweep_gemm "$out"/bin/gc_sweep_attention \
+           "$out"/bin/gc_bench_device_path; do
   ldd "$bin" | awk '/=>/ && $3 ~ /^\// {print $3}' | grep -Ev "$skip" || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 # The kernels' C entry points, for the Python harnesses beside PyTorch
@@ -40,5 +42,5 @@ done | sort -u | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 cp build/h200/kernels/libgc_kernels_capi.so "$out/lib/"
 strip "$out"/bin/gpucompute-server "$out"/bin/gpucompute "$out"/bin/integration_test \
   "$out"/bin/gc_sweep_memops "$out"/bin/gc_sweep_gemm "$out"/bin/gc_sweep_attention \
-  "$out"/bin/kernels_*_test "$out"/lib/*.so* 2>/dev/null || true
+  "$out"/bin/gc_bench_device_path "$out"/bin/kernels_*_test "$out"/lib/*.so* 2>/dev/null || true
 du -sh "$out"

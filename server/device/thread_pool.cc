@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace gpucompute {
 
@@ -13,11 +17,36 @@ struct ThreadPool::Job {
   std::atomic<bool> failed{false};
   std::mutex mu;
   std::condition_variable finished;
+  std::atomic<int64_t> done_count{0};  // done, readable without mu (the owner's spin)
   int64_t done ABSL_GUARDED_BY(mu) = 0;
   std::exception_ptr error ABSL_GUARDED_BY(mu);
 };
 
-ThreadPool::ThreadPool(int threads) {
+namespace {
+
+void Pause() {
+#if defined(__SSE2__)
+  _mm_pause();
+#endif
+}
+
+// Spins up to `us` microseconds until `ready()`; returns whether it is.
+template <typename Ready>
+bool SpinUntil(int us, const Ready& ready) {
+  if (us <= 0) return ready();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      Pause();
+    }
+    if (std::chrono::steady_clock::now() >= until) return ready();
+  }
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int threads, int spin_us) : spin_us_(spin_us) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
@@ -49,6 +78,7 @@ void ThreadPool::Drain(Job& job) {
   if (ran == 0) return;
   std::lock_guard<std::mutex> lock(job.mu);
   job.done += ran;
+  job.done_count.store(job.done, std::memory_order_release);
   if (error && !job.error) job.error = error;
   if (job.done == job.n) job.finished.notify_all();
 }
@@ -56,6 +86,7 @@ void ThreadPool::Drain(Job& job) {
 void ThreadPool::WorkerLoop() {
   for (;;) {
     std::shared_ptr<Job> job;
+    SpinUntil(spin_us_, [this] { return queued_.load(std::memory_order_acquire) > 0; });
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_available_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
@@ -65,6 +96,7 @@ void ThreadPool::WorkerLoop() {
       // for the calls still running.
       if (job->next.load(std::memory_order_relaxed) >= job->n) {
         queue_.pop_front();
+        queued_.store(int64_t(queue_.size()), std::memory_order_release);
         continue;
       }
     }
@@ -84,6 +116,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(job);
+    queued_.store(int64_t(queue_.size()), std::memory_order_release);
   }
   // Wake as many workers as can help (the caller takes a share too).
   if (n - 1 >= static_cast<int64_t>(workers_.size())) {
@@ -96,7 +129,9 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     std::lock_guard<std::mutex> lock(mu_);
     auto it = std::find(queue_.begin(), queue_.end(), job);
     if (it != queue_.end()) queue_.erase(it);
+    queued_.store(int64_t(queue_.size()), std::memory_order_release);
   }
+  SpinUntil(spin_us_, [&] { return job->done_count.load(std::memory_order_acquire) == job->n; });
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(job->mu);

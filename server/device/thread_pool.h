@@ -5,6 +5,7 @@
 #ifndef GPUCOMPUTE_SERVER_DEVICE_THREAD_POOL_H_
 #define GPUCOMPUTE_SERVER_DEVICE_THREAD_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -22,7 +23,13 @@ class ThreadPool {
  public:
   // Runs loops on `threads` threads in all: the caller of ParallelFor plus
   // threads - 1 workers. REQUIRES: threads >= 1.
-  explicit ThreadPool(int threads);
+  //
+  // With `spin_us` > 0 a worker that finds no loop waits that long awake (a
+  // pause loop) before it sleeps, and so does the caller waiting for the
+  // last calls of its loop: loops that follow each other closely (the chunks
+  // of a staging copy) then skip the wake-ups, tens of microseconds each,
+  // at the cost of that much CPU after each loop.
+  explicit ThreadPool(int threads, int spin_us = 0);
   // Joins the workers. REQUIRES: no ParallelFor in progress.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -54,6 +61,9 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_available_;
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+  // queue_.size(), readable without mu_ (the workers' spin).
+  std::atomic<int64_t> queued_{0};
+  const int spin_us_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };

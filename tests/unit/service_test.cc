@@ -315,6 +315,10 @@ TEST(ServerCreateTest, RejectsBadOptionsNamingTheFlag) {
   add([](ServerOptions& o) { o.gpu_lanes = 0; }, absl::StatusCode::kInvalidArgument, "--gpu_lanes");
   add([](ServerOptions& o) { o.gpu_lanes = 65; }, absl::StatusCode::kInvalidArgument,
       "--gpu_lanes");
+  add([](ServerOptions& o) { o.staging_copy_threads = -1; }, absl::StatusCode::kInvalidArgument,
+      "--staging_copy_threads");
+  add([](ServerOptions& o) { o.staging_copy_threads = 65; }, absl::StatusCode::kInvalidArgument,
+      "--staging_copy_threads");
   add([](ServerOptions& o) { o.device_max_inflight_bytes = -2; },
       absl::StatusCode::kInvalidArgument, "--device_max_inflight_bytes");
   add([](ServerOptions& o) { o.listen = ""; }, absl::StatusCode::kInvalidArgument, "--listen");

@@ -112,11 +112,13 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
     return absl::InvalidArgumentError(absl::StrCat("--device_weights: ", weights.size(),
                                                    " weights for ", ordinals.size(), " devices"));
 
-  // Staging copies: the host's cores shared among the GPUs, at most 8 each
-  // (the DMA's 55 GB/s takes about 6 cores of memcpy).
+  // Staging copies, unless options.copy_threads says: the host's cores
+  // shared among the GPUs, at most kMaxAutoCopyThreads each.
   CudaDeviceOptions per_device = options;
-  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-  per_device.copy_threads = std::clamp(cores / int(ordinals.size()), 1, 8);
+  if (per_device.copy_threads <= 0) {
+    const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+    per_device.copy_threads = std::clamp(cores / int(ordinals.size()), 1, kMaxAutoCopyThreads);
+  }
   std::vector<std::unique_ptr<CudaDevice>> devices;
   for (size_t i = 0; i < ordinals.size(); ++i) {
     ASSIGN_OR_RETURN(auto d, CudaDevice::Create(ordinals[i], int(i),

@@ -12,6 +12,13 @@
 
 namespace gpucompute::cuda {
 
+// Staging copy threads per GPU when CudaDeviceOptions::copy_threads is 0:
+// the host's cores shared among the GPUs, at most this many.
+// (16 copied one large transfer faster than 8 on a 16-core H200 host, but
+// slowed eight concurrent downloads by a third: gc_bench_device_path and
+// bench-data-path.sh, deploy/results/data-path.md.)
+inline constexpr int kMaxAutoCopyThreads = 8;
+
 // Number of usable GPUs (0 when there is no driver or no device).
 int CountUsableGpus();
 
@@ -19,7 +26,8 @@ int CountUsableGpus();
 // with server indices 0..n-1, enables peer access between every pair that
 // allows it (recorded as each device's peers), and sets weights: `weights`
 // when given (one per device), otherwise calibrated by a short GEMM and copy
-// on each device. Errors: NOT_FOUND without a GPU, INVALID_ARGUMENT for a bad
+// on each device. options.copy_threads 0 picks the copy threads as
+// kMaxAutoCopyThreads says. Errors: NOT_FOUND without a GPU, INVALID_ARGUMENT for a bad
 // ordinal or weight count, or the CUDA error.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
     const std::vector<int>& ordinals, const std::vector<double>& weights,

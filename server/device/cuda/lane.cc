@@ -4,24 +4,34 @@
 #include <cstring>
 
 #include "server/device/cuda/cuda_util.h"
+#include "server/device/host_copy.h"
 
 namespace gpucompute::cuda {
 namespace {
 
+// memcpy, or with `streaming` CopyStreaming (host_copy.h).
+void Copy(void* dst, const void* src, size_t n, bool streaming) {
+  if (streaming) {
+    CopyStreaming(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
 // Walks `rows` rows of `row_bytes` laid out with `pitch` as one byte stream:
 // copies the stream bytes [offset, offset + n) to or from a dense buffer.
 void GatherRows(void* dense, const void* rows_base, size_t row_bytes, size_t pitch, size_t offset,
-                size_t n) {
+                size_t n, bool streaming) {
   auto* out = static_cast<char*>(dense);
   const auto* base = static_cast<const char*>(rows_base);
   if (pitch == row_bytes) {
-    std::memcpy(out, base + offset, n);
+    Copy(out, base + offset, n, streaming);
     return;
   }
   while (n > 0) {
     size_t row = offset / row_bytes, col = offset % row_bytes;
     size_t take = std::min(n, row_bytes - col);
-    std::memcpy(out, base + row * pitch + col, take);
+    Copy(out, base + row * pitch + col, take, streaming);
     out += take;
     offset += take;
     n -= take;
@@ -29,60 +39,59 @@ void GatherRows(void* dense, const void* rows_base, size_t row_bytes, size_t pit
 }
 
 void ScatterRows(void* rows_base, const void* dense, size_t row_bytes, size_t pitch, size_t offset,
-                 size_t n) {
+                 size_t n, bool streaming) {
   const auto* in = static_cast<const char*>(dense);
   auto* base = static_cast<char*>(rows_base);
   if (pitch == row_bytes) {
-    std::memcpy(base + offset, in, n);
+    Copy(base + offset, in, n, streaming);
     return;
   }
   while (n > 0) {
     size_t row = offset / row_bytes, col = offset % row_bytes;
     size_t take = std::min(n, row_bytes - col);
-    std::memcpy(base + row * pitch + col, in, take);
+    Copy(base + row * pitch + col, in, take, streaming);
     in += take;
     offset += take;
     n -= take;
   }
 }
 
-// Pieces of a staging copy worth a thread of their own.
-constexpr size_t kCopyPiece = size_t{1} << 20;
-
 }  // namespace
 
 void Lane::Gather(void* dense, const void* rows_base, size_t row_bytes, size_t pitch, size_t offset,
                   size_t n) {
-  if (copier_ == nullptr || n < 2 * kCopyPiece) {
-    GatherRows(dense, rows_base, row_bytes, pitch, offset, n);
+  const StagingOptions& o = staging_;
+  if (o.copier == nullptr || n < 2 * o.copy_piece_bytes) {
+    GatherRows(dense, rows_base, row_bytes, pitch, offset, n, o.streaming_to_device);
     return;
   }
-  copier_->ParallelRange(0, int64_t(n), int64_t(kCopyPiece), copier_->size(),
-                         [&](int64_t b, int64_t e) {
-                           GatherRows(static_cast<char*>(dense) + b, rows_base, row_bytes, pitch,
-                                      offset + size_t(b), size_t(e - b));
-                         });
+  o.copier->ParallelRange(0, int64_t(n), int64_t(o.copy_piece_bytes), o.copier->size(),
+                          [&](int64_t b, int64_t e) {
+                            GatherRows(static_cast<char*>(dense) + b, rows_base, row_bytes, pitch,
+                                       offset + size_t(b), size_t(e - b), o.streaming_to_device);
+                          });
 }
 
 void Lane::Scatter(void* rows_base, const void* dense, size_t row_bytes, size_t pitch,
                    size_t offset, size_t n) {
-  if (copier_ == nullptr || n < 2 * kCopyPiece) {
-    ScatterRows(rows_base, dense, row_bytes, pitch, offset, n);
+  const StagingOptions& o = staging_;
+  if (o.copier == nullptr || n < 2 * o.copy_piece_bytes) {
+    ScatterRows(rows_base, dense, row_bytes, pitch, offset, n, o.streaming_to_host);
     return;
   }
-  copier_->ParallelRange(0, int64_t(n), int64_t(kCopyPiece), copier_->size(),
-                         [&](int64_t b, int64_t e) {
-                           ScatterRows(rows_base, static_cast<const char*>(dense) + b, row_bytes,
-                                       pitch, offset + size_t(b), size_t(e - b));
-                         });
+  o.copier->ParallelRange(
+      0, int64_t(n), int64_t(o.copy_piece_bytes), o.copier->size(), [&](int64_t b, int64_t e) {
+        ScatterRows(rows_base, static_cast<const char*>(dense) + b, row_bytes, pitch,
+                    offset + size_t(b), size_t(e - b), o.streaming_to_host);
+      });
 }
 
-absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_bytes, int num_buffers,
-                                                   ThreadPool* copier) {
+absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, const StagingOptions& staging) {
   std::unique_ptr<Lane> lane(new Lane());
   lane->ordinal_ = ordinal;
-  lane->copier_ = copier;
-  lane->chunk_bytes_ = chunk_bytes;
+  lane->staging_ = staging;
+  lane->staging_.buffers = std::max(2, staging.buffers);
+  lane->staging_.copy_piece_bytes = std::max<size_t>(staging.copy_piece_bytes, 4096);
   absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&lane->stream_, cudaStreamNonBlocking),
                               "cudaStreamCreate");
   if (!s.ok()) return s;
@@ -90,9 +99,9 @@ absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, size_t chunk_byt
     s = CudaStatus(cudaEventCreate(e), "cudaEventCreate");
     if (!s.ok()) return s;
   }
-  for (int i = 0; i < std::max(2, num_buffers); ++i) {
+  for (int i = 0; i < lane->staging_.buffers; ++i) {
     void* p = nullptr;
-    s = CudaStatus(cudaHostAlloc(&p, chunk_bytes, cudaHostAllocPortable), "cudaHostAlloc");
+    s = CudaStatus(cudaHostAlloc(&p, staging.chunk_bytes, cudaHostAllocPortable), "cudaHostAlloc");
     if (!s.ok()) return s;
     lane->buffers_.push_back(p);
     cudaEvent_t e;
@@ -125,23 +134,34 @@ absl::Status Lane::Upload(void* dst, const void* src, size_t rows, size_t row_by
 
 absl::Status Lane::UploadFrom(void* dst, size_t n, const HostSource& src) {
   return Stage(dst, n, [&](void* pinned, size_t offset, size_t len) {
-    if (copier_ == nullptr || len < 2 * kCopyPiece) {
+    const StagingOptions& o = staging_;
+    if (o.copier == nullptr || len < 2 * o.copy_piece_bytes) {
       src(int64_t(offset), int64_t(len), pinned);
       return;
     }
-    copier_->ParallelRange(0, int64_t(len), int64_t(kCopyPiece), copier_->size(),
-                           [&](int64_t b, int64_t e) {
-                             src(int64_t(offset) + b, e - b, static_cast<char*>(pinned) + b);
-                           });
+    o.copier->ParallelRange(0, int64_t(len), int64_t(o.copy_piece_bytes), o.copier->size(),
+                            [&](int64_t b, int64_t e) {
+                              src(int64_t(offset) + b, e - b, static_cast<char*>(pinned) + b);
+                            });
   });
+}
+
+size_t Lane::ChunkFor(size_t total) const {
+  const size_t full = staging_.chunk_bytes;
+  if (staging_.min_chunk_bytes == 0) return full;
+  // Spread over every buffer, rounded to 4 KiB, within [min, full].
+  const size_t nb = buffers_.size();
+  const size_t even = ((total + nb - 1) / nb + 4095) / 4096 * 4096;
+  return std::min(full, std::max(std::min(staging_.min_chunk_bytes, full), even));
 }
 
 absl::Status Lane::Stage(void* dst, size_t total,
                          const std::function<void(void*, size_t, size_t)>& fill) {
   const size_t nb = buffers_.size();
-  for (size_t off = 0, i = 0; off < total; off += chunk_bytes_, ++i) {
+  const size_t chunk = ChunkFor(total);
+  for (size_t off = 0, i = 0; off < total; off += chunk, ++i) {
     const size_t b = i % nb;
-    const size_t n = std::min(chunk_bytes_, total - off);
+    const size_t n = std::min(chunk, total - off);
     if (pending_[b]) {
       if (absl::Status s = CudaStatus(cudaEventSynchronize(ready_[b]), "staging wait"); !s.ok())
         return s;
@@ -166,10 +186,11 @@ absl::Status Lane::Download(void* dst, size_t dst_pitch, const void* src, size_t
   const size_t total = rows * row_bytes;
   if (total == 0) return Synchronize();
   const size_t nb = buffers_.size();
-  const size_t chunks = (total + chunk_bytes_ - 1) / chunk_bytes_;
+  const size_t chunk = ChunkFor(total);
+  const size_t chunks = (total + chunk - 1) / chunk;
   auto issue = [&](size_t i) -> absl::Status {
-    const size_t b = i % nb, off = i * chunk_bytes_;
-    const size_t n = std::min(chunk_bytes_, total - off);
+    const size_t b = i % nb, off = i * chunk;
+    const size_t n = std::min(chunk, total - off);
     absl::Status s = CudaStatus(cudaMemcpyAsync(buffers_[b], static_cast<const char*>(src) + off, n,
                                                 cudaMemcpyDeviceToHost, stream_),
                                 "device-to-host copy");
@@ -183,8 +204,8 @@ absl::Status Lane::Download(void* dst, size_t dst_pitch, const void* src, size_t
   for (size_t i = 0; i < std::min(nb, chunks); ++i)
     if (absl::Status s = issue(i); !s.ok()) return s;
   for (size_t i = 0; i < chunks; ++i) {
-    const size_t b = i % nb, off = i * chunk_bytes_;
-    const size_t n = std::min(chunk_bytes_, total - off);
+    const size_t b = i % nb, off = i * chunk;
+    const size_t n = std::min(chunk, total - off);
     if (absl::Status s = CudaStatus(cudaEventSynchronize(ready_[b]), "device-to-host wait");
         !s.ok())
       return s;

@@ -17,15 +17,32 @@
 
 namespace gpucompute::cuda {
 
+// How a lane stages copies between pageable host memory and the GPU.
+struct StagingOptions {
+  // Pinned buffers of the lane, `chunk_bytes` each (at least 2).
+  size_t chunk_bytes = size_t{8} << 20;
+  int buffers = 3;
+  // A transfer smaller than buffers * chunk_bytes goes in `buffers` smaller
+  // chunks, of at least min_chunk_bytes, so that its copies and its DMA
+  // still overlap (0: whole chunks only).
+  size_t min_chunk_bytes = size_t{1} << 20;
+  // Copy threads (shared; may be null: the calling thread alone) take pieces
+  // of a chunk of at least copy_piece_bytes. They write with non-temporal
+  // stores into host memory (downloads) with streaming_to_host, into the
+  // pinned buffers (uploads) with streaming_to_device.
+  ThreadPool* copier = nullptr;
+  size_t copy_piece_bytes = size_t{256} << 10;
+  bool streaming_to_host = true;
+  bool streaming_to_device = false;
+};
+
 class Lane {
  public:
   // Creates a non-blocking stream on device `ordinal` (which must be current)
-  // and `num_buffers` pinned host buffers of `chunk_bytes` each. Copies
-  // between pageable memory and the pinned buffers are spread over `copier`
-  // (shared; may be null: the calling thread alone), as one core's memcpy
-  // falls far short of the DMA's 55 GB/s.
-  static absl::StatusOr<std::unique_ptr<Lane>> Create(int ordinal, size_t chunk_bytes,
-                                                      int num_buffers, ThreadPool* copier);
+  // and the pinned staging buffers of `staging`. Copies between pageable
+  // memory and the pinned buffers are spread over the copy threads, as one
+  // core's memcpy falls far short of the DMA's 55 GB/s.
+  static absl::StatusOr<std::unique_ptr<Lane>> Create(int ordinal, const StagingOptions& staging);
   ~Lane();
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -66,8 +83,8 @@ class Lane {
  private:
   Lane() = default;
 
-  // Copies n bytes of the row stream (see GatherRows) between host memory and
-  // a pinned buffer, in parallel pieces on copier_.
+  // The chunk size of a transfer of `total` bytes.
+  size_t ChunkFor(size_t total) const;
   // Fills the pinned buffers chunk by chunk (fill(pinned, offset, n)) and
   // enqueues each chunk's DMA to dst + offset; the fill of chunk i+1
   // overlaps the DMA of chunk i.
@@ -79,11 +96,10 @@ class Lane {
                size_t n);
 
   int ordinal_ = 0;
-  ThreadPool* copier_ = nullptr;
+  StagingOptions staging_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t kernel_begin_ = nullptr;
   cudaEvent_t kernel_end_ = nullptr;
-  size_t chunk_bytes_ = 0;
   std::vector<void*> buffers_;      // pinned
   std::vector<cudaEvent_t> ready_;  // buffer i may be reused once ready_[i] completes
   std::vector<bool> pending_;       // ready_[i] was recorded and not yet waited for
