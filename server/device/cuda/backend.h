@@ -15,7 +15,7 @@ namespace gpucompute::cuda {
 // Staging copy threads per GPU when CudaDeviceOptions::copy_threads is 0:
 // the host's cores shared among the GPUs, at most this many.
 // (16 copied one large transfer faster than 8 on a 16-core H200 host, but
-// slowed eight concurrent downloads by a third: gc_bench_device_path and
+// slowed eight concurrent downloads by 35-40%: gc_bench_device_path and
 // bench-data-path.sh, deploy/results/data-path.md.)
 inline constexpr int kMaxAutoCopyThreads = 8;
 

@@ -9,9 +9,14 @@
 namespace gpucompute::cuda {
 namespace {
 
+// Runs shorter than this (the rows of a pitched copy) go by memcpy even with
+// `streaming`: streaming stores to part of a cache line write it to memory
+// partially, and each run ends with a fence.
+constexpr size_t kMinStreamingBytes = 4096;
+
 // memcpy, or with `streaming` CopyStreaming (host_copy.h).
 void Copy(void* dst, const void* src, size_t n, bool streaming) {
-  if (streaming) {
+  if (streaming && n >= kMinStreamingBytes) {
     CopyStreaming(dst, src, n);
   } else {
     std::memcpy(dst, src, n);
