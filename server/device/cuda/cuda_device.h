@@ -32,7 +32,7 @@ struct CudaDeviceOptions {
   // buffers (shared by the lanes), and how long each stays awake for the
   // next chunk (ThreadPool's spin). CreateCudaDevices picks the threads
   // when 0; CudaDevice::Create takes at least 1.
-  int copy_threads = 4;
+  int copy_threads = 0;
   int copy_spin_us = 50;
   // Pinned staging per lane: `staging_buffers` buffers of `staging_chunk_bytes`.
   size_t staging_chunk_bytes = size_t{8} << 20;
