@@ -75,15 +75,15 @@ absl::StatusOr<DeviceSet> CreateCuda(const BackendOptions& options) {
   cuda_options.copy_threads = options.staging_copy_threads;
   // The staging ring of each lane: its buffers of one chunk each.
   const int64_t per_buffer =
-      options.pinned_staging_bytes / (cuda_options.lanes * cuda_options.staging_buffers);
+      options.pinned_staging_bytes / (cuda_options.lanes * cuda_options.staging.buffers);
   if (per_buffer < (int64_t{1} << 20)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--pinned_staging_bytes: ", options.pinned_staging_bytes,
                      " leaves less than 1 MiB per "
                      "staging buffer; expected at least ",
-                     int64_t{cuda_options.lanes} * cuda_options.staging_buffers << 20));
+                     int64_t{cuda_options.lanes} * cuda_options.staging.buffers << 20));
   }
-  cuda_options.staging_chunk_bytes = size_t(per_buffer);
+  cuda_options.staging.chunk_bytes = size_t(per_buffer);
   ASSIGN_OR_RETURN(set.devices,
                    cuda::CreateCudaDevices(options.devices, options.device_weights, cuda_options));
   return set;

@@ -180,15 +180,15 @@ int Main(int argc, char** argv) {
     bool to_host, to_device;  // non-temporal stores that way
   };
   const CudaDeviceOptions defaults;
-  const int def_piece = int(defaults.copy_piece_bytes >> 10);
-  const int def_min = int(defaults.staging_min_chunk_bytes >> 10);
+  const int def_piece = int(defaults.staging.copy_piece_bytes >> 10);
+  const int def_min = int(defaults.staging.min_chunk_bytes >> 10);
   std::vector<Setting> settings = {
       {"before", 8, 11, 0, 1024, 0, false, false},
       {"before + spin", 8, 11, defaults.copy_spin_us, 1024, 0, false, false},
       {"before + small pieces and chunks", 8, 11, 0, def_piece, def_min, false, false},
       {"before + streaming stores", 8, 11, 0, 1024, 0, true, true},
-      {"default", 8, 11, defaults.copy_spin_us, def_piece, def_min, defaults.streaming_to_host,
-       defaults.streaming_to_device},
+      {"default", 8, 11, defaults.copy_spin_us, def_piece, def_min,
+       defaults.staging.streaming_to_host, defaults.staging.streaming_to_device},
       {"default, no streaming stores", 8, 11, defaults.copy_spin_us, def_piece, def_min, false,
        false},
       {"default, streaming stores both ways", 8, 11, defaults.copy_spin_us, def_piece, def_min,
@@ -197,14 +197,14 @@ int Main(int argc, char** argv) {
   for (int threads : ParseList(threads_list)) {
     if (threads == 8) continue;
     settings.push_back({absl::StrCat("default, ", threads, " threads"), threads, 11,
-                        defaults.copy_spin_us, def_piece, def_min, defaults.streaming_to_host,
-                        defaults.streaming_to_device});
+                        defaults.copy_spin_us, def_piece, def_min,
+                        defaults.staging.streaming_to_host, defaults.staging.streaming_to_device});
   }
   for (int chunk_mib : ParseList(chunks_list)) {
     if (chunk_mib == 11) continue;
     settings.push_back({absl::StrCat("default, ", chunk_mib, " MiB chunks"), 8, chunk_mib,
-                        defaults.copy_spin_us, def_piece, def_min, defaults.streaming_to_host,
-                        defaults.streaming_to_device});
+                        defaults.copy_spin_us, def_piece, def_min,
+                        defaults.staging.streaming_to_host, defaults.staging.streaming_to_device});
   }
   for (int round = 0; round < rounds && bytes > 0; ++round) {
     for (const Setting& set : settings) {
@@ -213,12 +213,12 @@ int Main(int argc, char** argv) {
       options.lanes = 1;
       options.copy_threads = set.threads;
       options.copy_spin_us = set.spin_us;
-      options.staging_chunk_bytes = size_t(set.chunk_mib) << 20;
-      options.staging_buffers = 3;
-      options.copy_piece_bytes = size_t(set.piece_kib) << 10;
-      options.staging_min_chunk_bytes = size_t(set.min_chunk_kib) << 10;
-      options.streaming_to_host = set.to_host;
-      options.streaming_to_device = set.to_device;
+      options.staging.chunk_bytes = size_t(set.chunk_mib) << 20;
+      options.staging.buffers = 3;
+      options.staging.copy_piece_bytes = size_t(set.piece_kib) << 10;
+      options.staging.min_chunk_bytes = size_t(set.min_chunk_kib) << 10;
+      options.staging.streaming_to_host = set.to_host;
+      options.staging.streaming_to_device = set.to_device;
       auto device = CudaDevice::Create(0, 0, 1.0, options);
       if (!device.ok()) {
         std::fprintf(stderr, "%s\n", std::string(device.status().message()).c_str());

@@ -150,14 +150,8 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal, int 
 
   d->copier_ =
       std::make_unique<ThreadPool>(std::max(1, options.copy_threads), options.copy_spin_us);
-  StagingOptions staging;
-  staging.chunk_bytes = options.staging_chunk_bytes;
-  staging.buffers = options.staging_buffers;
-  staging.min_chunk_bytes = options.staging_min_chunk_bytes;
+  StagingOptions staging = options.staging;
   staging.copier = d->copier_.get();
-  staging.copy_piece_bytes = options.copy_piece_bytes;
-  staging.streaming_to_host = options.streaming_to_host;
-  staging.streaming_to_device = options.streaming_to_device;
   for (int i = 0; i < std::max(1, options.lanes); ++i) {
     ASSIGN_OR_RETURN(auto lane, Lane::Create(ordinal, staging));
     d->lanes_.push_back(std::move(lane));

@@ -34,17 +34,8 @@ struct CudaDeviceOptions {
   // when 0; CudaDevice::Create takes at least 1.
   int copy_threads = 0;
   int copy_spin_us = 50;
-  // Pinned staging per lane: `staging_buffers` buffers of `staging_chunk_bytes`.
-  size_t staging_chunk_bytes = size_t{8} << 20;
-  int staging_buffers = 3;
-  // The rest of each lane's StagingOptions (lane.h): the smallest chunk a
-  // small transfer is cut into, the copy threads' pieces, their stores
-  // (non-temporal into host memory only: gc_bench_device_path measured them
-  // faster that way and slower into the pinned buffers).
-  size_t staging_min_chunk_bytes = size_t{1} << 20;
-  size_t copy_piece_bytes = size_t{256} << 10;
-  bool streaming_to_host = true;
-  bool streaming_to_device = false;
+  // Each lane's staging (lane.h); its copier is the device's copy threads.
+  StagingOptions staging;
   // The memory pool keeps up to this many freed bytes for reuse.
   uint64_t pool_release_threshold_bytes = uint64_t{4} << 30;
 };

@@ -30,6 +30,8 @@ struct StagingOptions {
   // of a chunk of at least copy_piece_bytes. They write with non-temporal
   // stores into host memory (downloads) with streaming_to_host, into the
   // pinned buffers (uploads) with streaming_to_device.
+  // Non-temporal stores into host memory only: gc_bench_device_path
+  // measured them faster that way and slower into the pinned buffers.
   ThreadPool* copier = nullptr;
   size_t copy_piece_bytes = size_t{256} << 10;
   bool streaming_to_host = true;
