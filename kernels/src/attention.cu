@@ -290,6 +290,26 @@ MmaPlan PlanMma(const AttentionArgs& a) {
   return pl;
 }
 
+// Merges the key splits of p (their partials kd wide) into O and the LSE.
+template <typename T>
+void LaunchCombine(const AttnParams& p, int kd, cudaStream_t stream) {
+  const unsigned rows = unsigned(p.batch) * p.heads_q * p.seq_q;
+  switch (kd) {
+    case 64:
+      CombineSplitsKernel<T, 64><<<rows, kCombineThreads, 0, stream>>>(p);
+      break;
+    case 128:
+      CombineSplitsKernel<T, 128><<<rows, kCombineThreads, 0, stream>>>(p);
+      break;
+    case 192:
+      CombineSplitsKernel<T, 192><<<rows, kCombineThreads, 0, stream>>>(p);
+      break;
+    default:
+      CombineSplitsKernel<T, 256><<<rows, kCombineThreads, 0, stream>>>(p);
+      break;
+  }
+}
+
 template <typename T, typename Tile, bool kDecode = false>
 cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t stream) {
   void (*kernel)(const AttnParams);
@@ -304,10 +324,7 @@ cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t s
   if (attr != cudaSuccess) return attr;
   dim3 grid(pl.m_blocks, p.batch * p.heads_kv, pl.splits);
   kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(p);
-  if (pl.splits > 1) {
-    const unsigned rows = unsigned(p.batch) * p.heads_q * p.seq_q;
-    CombineSplitsKernel<T, Tile::kD><<<rows, Tile::kD, 0, stream>>>(p);
-  }
+  if (pl.splits > 1) LaunchCombine<T>(p, Tile::kD, stream);
   return cudaGetLastError();
 }
 
@@ -503,13 +520,7 @@ cudaError_t LaunchWgmmaSplit(const AttentionArgs& a, AttnParams p, void* workspa
   }
   const cudaError_t err = LaunchWgmma<M, kSched>(a, p, stream);
   if (err != cudaSuccess || pl.splits == 1) return err;
-  const unsigned rows = unsigned(a.batch * a.heads_q * a.seq_q);
-  switch (pl.kd) {
-    case 64: CombineSplitsKernel<M, 64><<<rows, 64, 0, stream>>>(p); break;
-    case 128: CombineSplitsKernel<M, 128><<<rows, 128, 0, stream>>>(p); break;
-    case 192: CombineSplitsKernel<M, 192><<<rows, 192, 0, stream>>>(p); break;
-    default: CombineSplitsKernel<M, 256><<<rows, 256, 0, stream>>>(p); break;
-  }
+  LaunchCombine<M>(p, pl.kd, stream);
   return cudaGetLastError();
 }
 

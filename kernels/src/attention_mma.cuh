@@ -350,6 +350,11 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
     }
     LoadChunk<T, M, kD>(sQ, row, chunk, src, p.q);
   }
+  // K's tile, then V's, each a run of whole rows in memory: copies of K and V
+  // interleaved chunk by chunk measured 0.6-1.3% slower at Sq 1 (sweep-
+  // attention.md, run 24). The L2::256B prefetch hint on these copies was
+  // 4-9% slower (run 24), a third ring stage (two blocks per SM at D128)
+  // 3-7% slower (run 25).
   auto load_kv = [&](int blk, int stage) {
     const int n0 = key_begin + blk * kBc;
     M* dk = sK + stage * kBc * kD;
@@ -358,6 +363,10 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
       const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
       const bool ok = key < p.seq_kv && chunk < dchunks;
       LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * d : nullptr, p.k);
+    }
+    for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
+      const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
+      const bool ok = key < p.seq_kv && chunk < dchunks;
       LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * d : nullptr, p.v);
     }
   };
@@ -481,26 +490,56 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
 }
 
 // Merges the key splits of every row: lse = log sum_z exp(lse_z),
-// O = sum_z exp(lse_z - lse) O_z. One block of kD threads per row (the
-// partials are kD wide; columns past D are not stored).
+// O = sum_z exp(lse_z - lse) O_z. One block of 128 threads per row: warp w
+// sums splits w, w + 4, ... over the row's kD columns (lane + 32 c), so a row
+// of many splits is read by many loads in flight, not one chain (32 rows of
+// 49 splits: 10.7 us as one thread per column looping over the splits); the
+// four sums meet in shared memory. The partials are kD wide; columns past D
+// are not stored.
+inline constexpr int kCombineThreads = 128;
 template <typename T, int kD>
-__global__ void __launch_bounds__(kD) CombineSplitsKernel(const AttnParams p) {
+__global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(const AttnParams p) {
+  constexpr int kWarps = kCombineThreads / 32, kCols = kD / 32;
+  static_assert(kD % 32 == 0, "columns are spread over the lanes");
+  __shared__ float s_acc[kWarps][kD];
+  __shared__ float s_sum[kWarps];
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
   const int64_t row = blockIdx.x;
-  const int d = threadIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float* lse_z = p.part_lse + row;  // split z at lse_z[z * rows]
   float mx = -INFINITY;
-  for (int z = 0; z < p.num_splits; ++z) mx = fmaxf(mx, p.part_lse[z * rows + row]);
-  float acc = 0.f, wsum = 0.f;
+  for (int z = lane; z < p.num_splits; z += 32) mx = fmaxf(mx, lse_z[z * rows]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.f;
+  float wsum = 0.f;
   if (mx != -INFINITY) {
-    for (int z = 0; z < p.num_splits; ++z) {
-      const float w = __expf(p.part_lse[z * rows + row] - mx);
+#pragma unroll 4
+    for (int z = warp; z < p.num_splits; z += kWarps) {
+      const float w = __expf(lse_z[z * rows] - mx);
+      const float* po = p.part_o + (z * rows + row) * kD + lane;
       wsum += w;
-      acc += w * p.part_o[(z * rows + row) * kD + d];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, po[32 * c], acc[c]);
     }
   }
-  const bool empty = !(wsum > 0.f);
-  if (d < p.head_dim) StoreOut<T>(p, row * p.head_dim + d, empty ? 0.f : acc / wsum);
-  if (d == 0 && p.lse) p.lse[row] = empty ? -INFINITY : mx + logf(wsum);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) s_acc[warp][lane + 32 * c] = acc[c];
+  if (lane == 0) s_sum[warp] = wsum;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += s_sum[w];
+  const bool none = !(total > 0.f);
+  for (int col = threadIdx.x; col < p.head_dim; col += kCombineThreads) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += s_acc[w][col];
+    StoreOut<T>(p, row * p.head_dim + col, none ? 0.f : v / total);
+  }
+  if (threadIdx.x == 0 && p.lse) p.lse[row] = none ? -INFINITY : mx + logf(total);
 }
 
 }  // namespace gpucompute::kernels::attention

@@ -227,6 +227,16 @@ std::vector<Case> AllCases() {
       {1, 28, 4, 520, 520, 256, false},  // head_dim 256 persistent: one Q slot
       {2, 16, 2, 1000, 300, 128, true},  // causal, fed by the counter; 700 rows see no key
       {48, 16, 4, 1, 1024, 64, false},   // decode blocks past one wave: split to fill waves
+      // Decode-like: many key splits (merged over 4 warps each, some splits
+      // empty under the mask), odd key counts, D 48 (zero-filled columns),
+      // 16 and 64 packed rows, rows that see no key.
+      {1, 8, 1, 1, 50001, 128, false},
+      {3, 12, 4, 1, 3001, 64, false},
+      {2, 8, 2, 1, 1500, 48, false},
+      {2, 16, 2, 2, 777, 256, true},
+      {1, 4, 1, 16, 2000, 128, true},
+      {64, 8, 2, 1, 300, 128, false},
+      {1, 4, 2, 20, 10, 64, true},  // 10 keys, 20 rows: the first 10 see none
       // O written as fp32.
       {1, 2, 2, 300, 555, 128, true, false, false, false, true},
       {1, 8, 2, 3, 1000, 64, false, false, false, false, true},

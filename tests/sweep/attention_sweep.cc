@@ -1,7 +1,7 @@
 // gc_sweep_attention: attention through the server's default path on one GPU.
 //
 //   gc_sweep_attention [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
-//                      [--no-variants] [--cooldown_ms=N]
+//                      [--no-variants] [--cooldown_ms=N] [--gap_us=N]
 //
 // Each case builds the AttentionSpec as the service does, Q, K and V resident
 // in device memory (fresh uniform values) and the result kept there
@@ -10,7 +10,10 @@
 // kernels, a dtype conversion) and the version the default picks, named as
 // the shard timings name it. Its cost is the device busy time of all the GPU
 // work the request enqueued, from CUPTI's records (device_timer.h), median of
-// --reps requests after --warmup (3 after 1 for cases over 20 ms). Every
+// --reps requests after --warmup (3 after 1 for cases over 20 ms), the GPU
+// left idle --gap_us (default 500) before each timed request, as the
+// vendor's timing leaves it idle before each of its runs (a 10^6-cycle sleep
+// kernel, ~0.5 ms), so that both are timed the same way. Every
 // flash version of ours that takes the case is forced by name and timed the
 // same way (what kernels/src/heuristics/attention_heuristics.h is derived
 // from). Sampled rows of every default result are checked against a float64
@@ -176,7 +179,7 @@ class Sweep {
     auto run = [&](const std::string& variant) {
       spec.options.variant = variant;
       return TimeRequest([&] { return engine_->Attention(spec, call_); }, options_.warmup,
-                         options_.reps, 20e-3, options_.cooldown_ms);
+                         options_.reps, 20e-3, options_.cooldown_ms, options_.gap_us);
     };
     Timed def = run("");
     if (!def.status.ok()) {
@@ -381,6 +384,7 @@ int main(int argc, char** argv) {
   options.json = "sweep-attention.json";
   options.reps = 10;
   options.warmup = 2;
+  options.gap_us = 500;
   std::string command;
   if (std::optional<int> done = sweep::ParseSweepFlags(
           argc, argv, "gc_sweep_attention",

@@ -41,13 +41,16 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
       options->variants = false;
     } else if (auto v = value("--cooldown_ms")) {
       options->cooldown_ms = std::max(0, std::atoi(v->c_str()));
+    } else if (auto v = value("--gap_us")) {
+      options->gap_us = std::max(0, std::atoi(v->c_str()));
     } else if (arg == "--help") {
       std::printf(
           "%s [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] [--no-variants]\n"
-          "  [--cooldown_ms=N]\n%s"
+          "  [--cooldown_ms=N] [--gap_us=N]\n%s"
           "  --cooldown_ms lets the GPU idle N ms before each timing, ours and the vendor's "
-          "(default 0).\n",
-          name, help);
+          "(default 0).\n"
+          "  --gap_us lets it idle N us before each timed run (default %d).\n",
+          name, help, options->gap_us);
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
@@ -64,13 +67,14 @@ void CoolDown(int ms) {
 }
 
 Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
-                  double long_seconds, int cooldown_ms) {
+                  double long_seconds, int cooldown_ms, int gap_us) {
   Timed t;
   CoolDown(cooldown_ms);
   std::vector<double> s, spans;
   std::vector<int> clocks;
   DeviceTimer& timer = DeviceTimer::Get();
   for (int i = 0; i < warmup + reps; ++i) {
+    if (i >= warmup && gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
     timer.Begin();
     absl::StatusOr<OpResult> r = run();
     double span = -1;
@@ -141,8 +145,10 @@ FILE* OpenResults(const SweepOptions& options, const std::string& command) {
   const std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::fprintf(f, "{\"gpu\": \"%s\", \"date\": \"%s\", \"command\": \"%s\", \"reps\": %d,\n",
-               DescribeGpu().c_str(), date, command.c_str(), options.reps);
+  std::fprintf(f,
+               "{\"gpu\": \"%s\", \"date\": \"%s\", \"command\": \"%s\", \"reps\": %d, "
+               "\"gap_us\": %d,\n",
+               DescribeGpu().c_str(), date, command.c_str(), options.reps, options.gap_us);
   std::fprintf(f, " \"rows\": [\n");
   return f;
 }

@@ -30,10 +30,15 @@ struct SweepOptions {
   // forced version's), so that one starts from a GPU no longer slowed by
   // the work before it (power cap, heat); 0: timings back to back.
   int cooldown_ms = 0;
+  // The GPU idles this long before each timed run, as a vendor timing that
+  // queues a sleep kernel before each of its runs does (attention_vendor.py:
+  // 10^6 cycles, ~0.5 ms): both then start each run from the same state.
+  // 0: timed runs back to back.
+  int gap_us = 0;
 };
 
-// Parses --json, --filter, --reps, --warmup, --no-variants, --cooldown_ms and
-// --help into
+// Parses --json, --filter, --reps, --warmup, --no-variants, --cooldown_ms,
+// --gap_us and --help into
 // `options` (which holds the defaults) and the command line into `*command`
 // (`name` and the arguments). Returns the exit status when main should stop
 // (after --help: 0; an unknown argument: 2), nullopt to go on.
@@ -69,10 +74,10 @@ std::string ClockText(const Timed& t);
 void CoolDown(int ms);
 
 // Runs `run` warmup + reps times and times it, after the GPU has idled
-// `cooldown_ms`. With long_seconds > 0, a first run longer than that cuts
-// the runs to 1 + 3.
+// `cooldown_ms`, and `gap_us` before each timed run. With long_seconds > 0,
+// a first run longer than that cuts the runs to 1 + 3.
 Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
-                  double long_seconds = 0, int cooldown_ms = 0);
+                  double long_seconds = 0, int cooldown_ms = 0, int gap_us = 0);
 
 // A view of `data`, device memory of GPU 0, as the engine takes operands.
 TensorView ResidentView(gpucompute::DType dtype, std::vector<int64_t> shape, const void* data);
