@@ -29,6 +29,11 @@
 //                 keys (merged in shared memory) took seq_q 1 from 0.365 to
 //                 0.265 ms, and one wave of equal key splits (instead of 17
 //                 splits in 2.75 waves) to 0.255 ms = 4.2 TB/s, 0.99-1.00x FA2.
+//                 Against cuDNN (sweep runs 20-27, 2026-12-04): 0.93-0.97x at
+//                 seq_q 1, its stream at 4.44 against cuDNN's 4.60 TB/s; K's
+//                 copies before V's took 0.3-1.3% off, and a TMA rung
+//                 (flash_decode: a third of the instructions), deeper rings
+//                 and cuDNN's tile shape did not help (not kept).
 //   flash_wgmma - Hopper: TMA into a multi-stage K/V ring on mbarriers, a
 //                 producer warpgroup and two or three consumer warpgroups
 //                 (setmaxnreg), wgmma for Q K^T (both operands in shared

@@ -15,8 +15,9 @@
 //     chunked prefill 1.08-2.00x; 0.99-1.17x the speed of flash_wgmma (in
 //     order), where flash_mma reaches 0.21-0.70x;
 //   - flash_mma packs the query heads of one kv head into its tile rows and
-//     splits the keys over blocks: decode 0.93-0.97x at Sq 1 (the HBM floor)
-//     and 2.4-5.1x at Sq 4-16 with grouped heads, where flash_wgmma_overlap
+//     splits the keys over blocks: decode 0.93-0.97x at Sq 1 (K and V
+//     stream at 4.4 TB/s, cuDNN's at 4.6; sweep runs 20-27) and 2.4-5.1x
+//     at Sq 4-16 with grouped heads, where flash_wgmma_overlap
 //     reaches 0.22-0.91x and 1.24-1.75x; the only version for fp32 inputs on
 //     the tensor cores;
 //   - head dims run the tile of the next of 64, 128, 192 or 256 wide,
