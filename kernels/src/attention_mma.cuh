@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
     LoadChunk<T, M, kD>(sQ, row, chunk, src, p.q);
   }
   // K's tile, then V's, each a run of whole rows in memory: copies of K and V
-  // interleaved chunk by chunk measured 0.6-1.3% slower at Sq 1 (sweep-
+  // interleaved chunk by chunk measured 0.3-1.3% slower at Sq 1 (sweep-
   // attention.md, run 24). The L2::256B prefetch hint on these copies was
   // 4-9% slower (run 24), a third ring stage (two blocks per SM at D128)
   // 3-7% slower (run 25).
