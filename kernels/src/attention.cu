@@ -196,6 +196,7 @@ AttentionShape AttentionShapeOf(const AttentionArgs& a) {
   s.seq_q = a.seq_q;
   s.seq_kv = a.seq_kv;
   s.head_dim = a.head_dim;
+  s.wgmma_head_dim = WgmmaHeadDim(a.head_dim);
   s.causal = a.causal;
   s.dtype = a.dtype;
   return s;
@@ -395,9 +396,59 @@ bool MakeTensorMap(CUtensorMap* map, const void* ptr, DType dtype, int64_t plane
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The work tiles of flash_wgmma and their key splits.
+struct WgmmaPlan {
+  int kd = 128;  // padded head dim
+  int br = 128;  // query rows per tile
+  int bc = 128;  // keys per block
+  int splits = 1;
+  int split_len = 0;
+  bool persistent = false;    // one block per SM walking the tiles (more tiles than SMs)
+  bool tile_counter = false;  // a persistent grid fed by a counter (after the partials)
+  size_t counter_offset = 0;
+  size_t workspace = 0;
+};
+
+// The one place that chooses flash_wgmma's tile (LaunchWgmma launches what
+// it says): three consumer warpgroups (192 rows) at a padded head dim of 64
+// where the heuristics ask for them, else two (registers); the key tile; the
+// key splits; a persistent grid where there are more tiles than SMs, fed by a
+// counter under the causal mask.
+WgmmaPlan PlanWgmma(const AttentionArgs& a) {
+  WgmmaPlan pl;
+  const AttentionShape shape = AttentionShapeOf(a);
+  pl.kd = WgmmaHeadDim(a.head_dim);
+  const int consumers = WgmmaConsumers(shape);
+  pl.br = 64 * consumers;
+  const int bc = WgmmaKeyTile(shape);
+  pl.bc = bc ? bc : WgmmaDefaultKeyTile(pl.kd);
+  const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q;
+  const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
+  const int64_t splits = WgmmaKeySplits(tiles, key_blocks, SmCount());
+  if (splits > 1) {
+    const int64_t per = (key_blocks + splits - 1) / splits;
+    pl.split_len = int(per * pl.bc);
+    pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);
+  }
+  if (pl.splits > 1) {
+    pl.workspace = size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * (pl.kd + 1) * 4;
+  } else {
+    pl.split_len = 0;
+  }
+  pl.persistent = tiles * pl.splits > SmCount();
+  pl.tile_counter = WgmmaTileCounter(shape) && pl.persistent;
+  if (pl.tile_counter) {
+    pl.counter_offset = (pl.workspace + 15) / 16 * 16;
+    pl.workspace = pl.counter_offset + 16;
+  }
+  return pl;
+}
+
 template <typename M, int kD, bool kCausal, int kSched, int kConsumers, int kBc = 0>
-cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStream_t stream) {
+cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const WgmmaPlan& pl, const AttnParams& p,
+                            cudaStream_t stream) {
   using Tile = WgmmaTile<kD, kConsumers, kBc>;
+  if (Tile::kBr != pl.br || Tile::kBc != pl.bc) return cudaErrorInvalidValue;
   // Maps over the tensors' own D: TMA zero-fills the tile columns past it.
   CUtensorMap tq, tk, tv;
   const int64_t d = a.head_dim;
@@ -419,11 +470,9 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
   if (attr != cudaSuccess) return attr;
   // Persistent (one block per SM: the shared memory allows no second one)
   // where there are more tiles than SMs, else one tile per block.
-  const int64_t tiles =
-      (a.seq_q + Tile::kBr - 1) / Tile::kBr * a.batch * a.heads_q * p.num_splits;
-  const bool persistent = tiles > SmCount();
+  const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q * pl.splits;
+  const bool persistent = pl.persistent;
   if (p.tile_counter) {
-    if (!persistent) return cudaErrorInvalidValue;  // PlanWgmma asks for it only then
     if (cudaError_t e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream); e != cudaSuccess)
       return e;
   }
@@ -439,72 +488,27 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const AttnParams& p, cudaStr
   return cudaGetLastError();
 }
 
-// Three consumer warpgroups (192 rows) at head_dim 64 for long query blocks,
-// where the softmax weighs most against the GEMMs (measured +5..10% at 4k and
-// 16k); two at 1k (192-row tiles waste a partial tile and balance causal work
-// worse: -11% causal) and at head_dims past 64 (registers).
+// Launches the tile `pl` chose.
 template <typename M, int kSched>
-cudaError_t LaunchWgmma(const AttentionArgs& a, const AttnParams& p, cudaStream_t stream) {
-  const int kd = WgmmaHeadDim(a.head_dim);
-  if (kd == 64) {
-    if (WgmmaConsumers(AttentionShapeOf(a)) == 3)
-      return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 3>(a, p, stream)
-                      : LaunchWgmmaTile<M, 64, false, kSched, 3>(a, p, stream);
-    return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 2>(a, p, stream)
-                    : LaunchWgmmaTile<M, 64, false, kSched, 2>(a, p, stream);
+cudaError_t LaunchWgmma(const AttentionArgs& a, const WgmmaPlan& pl, const AttnParams& p,
+                        cudaStream_t stream) {
+  if (pl.kd == 64) {
+    if (pl.br == 192)
+      return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 3>(a, pl, p, stream)
+                      : LaunchWgmmaTile<M, 64, false, kSched, 3>(a, pl, p, stream);
+    return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 2>(a, pl, p, stream)
+                    : LaunchWgmmaTile<M, 64, false, kSched, 2>(a, pl, p, stream);
   }
-  if (kd == 128) {
-    if (a.causal) return LaunchWgmmaTile<M, 128, true, kSched, 2>(a, p, stream);
-    return WgmmaKeyTile(AttentionShapeOf(a)) == 176
-               ? LaunchWgmmaTile<M, 128, false, kSched, 2, 176>(a, p, stream)
-               : LaunchWgmmaTile<M, 128, false, kSched, 2>(a, p, stream);
+  if (pl.kd == 128) {
+    if (a.causal) return LaunchWgmmaTile<M, 128, true, kSched, 2>(a, pl, p, stream);
+    return pl.bc == 176 ? LaunchWgmmaTile<M, 128, false, kSched, 2, 176>(a, pl, p, stream)
+                        : LaunchWgmmaTile<M, 128, false, kSched, 2>(a, pl, p, stream);
   }
-  if (kd == 192)
-    return a.causal ? LaunchWgmmaTile<M, 192, true, kSched, 2>(a, p, stream)
-                    : LaunchWgmmaTile<M, 192, false, kSched, 2>(a, p, stream);
-  return a.causal ? LaunchWgmmaTile<M, 256, true, kSched, 2>(a, p, stream)
-                  : LaunchWgmmaTile<M, 256, false, kSched, 2>(a, p, stream);
-}
-
-// The work tiles of flash_wgmma and their key splits.
-struct WgmmaPlan {
-  int kd = 128;  // padded head dim
-  int br = 128;  // query rows per tile
-  int bc = 128;  // keys per block
-  int splits = 1;
-  int split_len = 0;
-  bool tile_counter = false;  // a persistent grid fed by a counter (after the partials)
-  size_t counter_offset = 0;
-  size_t workspace = 0;
-};
-
-// Mirrors LaunchWgmma's tile choice.
-WgmmaPlan PlanWgmma(const AttentionArgs& a) {
-  WgmmaPlan pl;
-  pl.kd = WgmmaHeadDim(a.head_dim);
-  const int consumers = (pl.kd == 64 && WgmmaConsumers(AttentionShapeOf(a)) == 3) ? 3 : 2;
-  pl.br = 64 * consumers;
-  const int bc = WgmmaKeyTile(AttentionShapeOf(a));
-  pl.bc = bc ? bc : WgmmaDefaultKeyTile(pl.kd);
-  const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q;
-  const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
-  const int64_t splits = WgmmaKeySplits(tiles, key_blocks, SmCount());
-  if (splits > 1) {
-    const int64_t per = (key_blocks + splits - 1) / splits;
-    pl.split_len = int(per * pl.bc);
-    pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);
-  }
-  if (pl.splits > 1) {
-    pl.workspace = size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * (pl.kd + 1) * 4;
-  } else {
-    pl.split_len = 0;
-  }
-  pl.tile_counter = WgmmaTileCounter(AttentionShapeOf(a)) && tiles * pl.splits > SmCount();
-  if (pl.tile_counter) {
-    pl.counter_offset = (pl.workspace + 15) / 16 * 16;
-    pl.workspace = pl.counter_offset + 16;
-  }
-  return pl;
+  if (pl.kd == 192)
+    return a.causal ? LaunchWgmmaTile<M, 192, true, kSched, 2>(a, pl, p, stream)
+                    : LaunchWgmmaTile<M, 192, false, kSched, 2>(a, pl, p, stream);
+  return a.causal ? LaunchWgmmaTile<M, 256, true, kSched, 2>(a, pl, p, stream)
+                  : LaunchWgmmaTile<M, 256, false, kSched, 2>(a, pl, p, stream);
 }
 
 // flash_wgmma with its key splits merged after.
@@ -523,7 +527,7 @@ cudaError_t LaunchWgmmaSplit(const AttentionArgs& a, AttnParams p, void* workspa
     p.part_o = static_cast<float*>(workspace);
     p.part_lse = p.part_o + size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * pl.kd;
   }
-  const cudaError_t err = LaunchWgmma<M, kSched>(a, p, stream);
+  const cudaError_t err = LaunchWgmma<M, kSched>(a, pl, p, stream);
   if (err != cudaSuccess || pl.splits == 1) return err;
   LaunchCombine<M>(p, pl.kd, stream);
   return cudaGetLastError();

@@ -88,14 +88,14 @@ inline constexpr int WgmmaDefaultKeyTile(int kd) { return kd <= 128 ? 128 : (kd 
 template <int kD_, int kConsumers_, int kBc_ = 0>
 struct WgmmaTile {
   static constexpr int kD = kD_;
-  static constexpr int kConsumers = kConsumers_;         // consumer warpgroups, 64 rows each
-  static constexpr int kBr = 64 * kConsumers;            // query tile (BLOCK_M)
+  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 rows each
+  static constexpr int kBr = 64 * kConsumers;     // query tile (BLOCK_M)
   static constexpr int kBc = kBc_ ? kBc_ : WgmmaDefaultKeyTile(kD);  // key tile (BLOCK_N)
-  static constexpr int kStages = kD == 64 ? 4 : 2;       // K/V ring depth
+  static constexpr int kStages = kD == 64 ? 4 : 2;                   // K/V ring depth
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kPanels = kD / 64;                // 128-byte column panels
-  static constexpr int kQBytes = kBr * kD * 2;           // (kBr, kD)
-  static constexpr int kKVBytes = kBc * kD * 2;          // (kBc, kD), one of K or V
+  static constexpr int kPanels = kD / 64;        // 128-byte column panels
+  static constexpr int kQBytes = kBr * kD * 2;   // (kBr, kD)
+  static constexpr int kKVBytes = kBc * kD * 2;  // (kBc, kD), one of K or V
   // Q full and empty (two slots each), then per stage K full, V full, K
   // empty and V empty (K is handed back as soon as Q K^T has read it), then
   // the work tile of each Q slot (32 bytes each).
@@ -131,165 +131,59 @@ struct WgmmaTile {
   static_assert(kOneTileSmemBytes <= 227 * 1024, "shared memory of one SM");
 };
 
-// S (+)= A B^T with A and B both K-major in shared memory, N = 64.
-template <typename M>
-__device__ __forceinline__ void WgmmaSS64(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                          int scale_d) {
-#define GC_ATTN_SS64(TYPES)                                                               \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" GC_WGMMA_OP("m64n64k16", TYPES, \
-                                                                         GC_WGMMA_D32)   \
-               "%32, %33, p, 1, 1, 0, 0;\n}\n"                                           \
-               : GC_WGMMA_ACC32(d)                                                       \
+// The wgmma wrappers, one per N: WgmmaSS<N> for S (+)= A B^T with A and B
+// both K-major in shared memory (Q K^T; N = the key tile), WgmmaRS<N> for
+// O += P V with P (m64 x k16) in registers and V N-major in shared memory
+// (N = the padded head dim). ACC = N / 2 accumulators per thread; the other
+// arguments are the asm operand numbers that follow them (PTX operands are
+// numbered, so each N spells its own): descriptors, A fragments and the
+// scale_d predicate's source.
+#define GC_ATTN_SS_ASM(N, ACC, DA, DB, P, TYPES)                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n" GC_WGMMA_OP(        \
+                   "m64n" #N "k16", TYPES, GC_WGMMA_D##ACC) "%" #DA ", %" #DB       \
+                                                            ", p, 1, 1, 0, 0;\n}\n" \
+               : GC_WGMMA_ACC##ACC(d)                                               \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_SS64("f16.f16");
-  } else {
-    GC_ATTN_SS64("bf16.bf16");
+#define GC_ATTN_DEFINE_SS(N, ACC, DA, DB, P)                                                   \
+  template <typename M>                                                                        \
+  __device__ __forceinline__ void WgmmaSS##N(float(&d)[ACC], uint64_t desc_a, uint64_t desc_b, \
+                                             int scale_d) {                                    \
+    if constexpr (std::is_same_v<M, __half>) {                                                 \
+      GC_ATTN_SS_ASM(N, ACC, DA, DB, P, "f16.f16");                                            \
+    } else {                                                                                   \
+      GC_ATTN_SS_ASM(N, ACC, DA, DB, P, "bf16.bf16");                                          \
+    }                                                                                          \
   }
-#undef GC_ATTN_SS64
-}
-
-// The same with N = 80.
-template <typename M>
-__device__ __forceinline__ void WgmmaSS80(float (&d)[40], uint64_t desc_a, uint64_t desc_b,
-                                          int scale_d) {
-#define GC_ATTN_SS80(TYPES)                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n" GC_WGMMA_OP(             \
-                   "m64n80k16", TYPES, GC_WGMMA_D40) "%40, %41, p, 1, 1, 0, 0;\n}\n" \
-               : GC_WGMMA_ACC40(d)                                                   \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_SS80("f16.f16");
-  } else {
-    GC_ATTN_SS80("bf16.bf16");
-  }
-#undef GC_ATTN_SS80
-}
-
-// The same with N = 96.
-template <typename M>
-__device__ __forceinline__ void WgmmaSS96(float (&d)[48], uint64_t desc_a, uint64_t desc_b,
-                                          int scale_d) {
-#define GC_ATTN_SS96(TYPES)                                                               \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n" GC_WGMMA_OP("m64n96k16", TYPES, \
-                                                                         GC_WGMMA_D48)   \
-               "%48, %49, p, 1, 1, 0, 0;\n}\n"                                           \
-               : GC_WGMMA_ACC48(d)                                                       \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_SS96("f16.f16");
-  } else {
-    GC_ATTN_SS96("bf16.bf16");
-  }
-#undef GC_ATTN_SS96
-}
-
-// The same with N = 128.
-template <typename M>
-__device__ __forceinline__ void WgmmaSS128(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
-                                           int scale_d) {
-#define GC_ATTN_SS128(TYPES)                                                              \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" GC_WGMMA_OP("m64n128k16", TYPES, \
-                                                                         GC_WGMMA_D64)   \
-               "%64, %65, p, 1, 1, 0, 0;\n}\n"                                           \
-               : GC_WGMMA_ACC64(d)                                                       \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_SS128("f16.f16");
-  } else {
-    GC_ATTN_SS128("bf16.bf16");
-  }
-#undef GC_ATTN_SS128
-}
-
-// The same with N = 176.
-template <typename M>
-__device__ __forceinline__ void WgmmaSS176(float (&d)[88], uint64_t desc_a, uint64_t desc_b,
-                                           int scale_d) {
-#define GC_ATTN_SS176(TYPES)                                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n" GC_WGMMA_OP(              \
-                   "m64n176k16", TYPES, GC_WGMMA_D88) "%88, %89, p, 1, 1, 0, 0;\n}\n" \
-               : GC_WGMMA_ACC88(d)                                                    \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_SS176("f16.f16");
-  } else {
-    GC_ATTN_SS176("bf16.bf16");
-  }
-#undef GC_ATTN_SS176
-}
-
-// O += P V with P (m64 x k16) in registers and V N-major in shared memory, N = 64.
-template <typename M>
-__device__ __forceinline__ void WgmmaRS64(float (&d)[32], const uint32_t (&a)[4],
-                                          uint64_t desc_b, int scale_d) {
-#define GC_ATTN_RS64(TYPES)                                                                \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" GC_WGMMA_OP("m64n64k16", TYPES, \
-                                                                         GC_WGMMA_D32)    \
-               "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                              \
-               : GC_WGMMA_ACC32(d)                                                        \
+#define GC_ATTN_RS_ASM(N, ACC, A0, A1, A2, A3, DB, P, TYPES)                                       \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n" GC_WGMMA_OP(                       \
+                   "m64n" #N "k16", TYPES, GC_WGMMA_D##ACC) "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 \
+                                                            "}, %" #DB ", p, 1, 1, 1;\n}\n"        \
+               : GC_WGMMA_ACC##ACC(d)                                                              \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_RS64("f16.f16");
-  } else {
-    GC_ATTN_RS64("bf16.bf16");
+#define GC_ATTN_DEFINE_RS(N, ACC, A0, A1, A2, A3, DB, P)                            \
+  template <typename M>                                                             \
+  __device__ __forceinline__ void WgmmaRS##N(float(&d)[ACC], const uint32_t(&a)[4], \
+                                             uint64_t desc_b, int scale_d) {        \
+    if constexpr (std::is_same_v<M, __half>) {                                      \
+      GC_ATTN_RS_ASM(N, ACC, A0, A1, A2, A3, DB, P, "f16.f16");                     \
+    } else {                                                                        \
+      GC_ATTN_RS_ASM(N, ACC, A0, A1, A2, A3, DB, P, "bf16.bf16");                   \
+    }                                                                               \
   }
-#undef GC_ATTN_RS64
-}
 
-// The same with N = 128.
-template <typename M>
-__device__ __forceinline__ void WgmmaRS128(float (&d)[64], const uint32_t (&a)[4],
-                                           uint64_t desc_b, int scale_d) {
-#define GC_ATTN_RS128(TYPES)                                                                \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" GC_WGMMA_OP("m64n128k16", TYPES, \
-                                                                         GC_WGMMA_D64)     \
-               "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                               \
-               : GC_WGMMA_ACC64(d)                                                         \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_RS128("f16.f16");
-  } else {
-    GC_ATTN_RS128("bf16.bf16");
-  }
-#undef GC_ATTN_RS128
-}
-
-// The same with N = 192.
-template <typename M>
-__device__ __forceinline__ void WgmmaRS192(float (&d)[96], const uint32_t (&a)[4],
-                                           uint64_t desc_b, int scale_d) {
-#define GC_ATTN_RS192(TYPES)                                                                 \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n" GC_WGMMA_OP("m64n192k16", TYPES, \
-                                                                          GC_WGMMA_D96)     \
-               "{%96, %97, %98, %99}, %100, p, 1, 1, 1;\n}\n"                              \
-               : GC_WGMMA_ACC96(d)                                                          \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_RS192("f16.f16");
-  } else {
-    GC_ATTN_RS192("bf16.bf16");
-  }
-#undef GC_ATTN_RS192
-}
-
-// The same with N = 256.
-template <typename M>
-__device__ __forceinline__ void WgmmaRS256(float (&d)[128], const uint32_t (&a)[4],
-                                           uint64_t desc_b, int scale_d) {
-#define GC_ATTN_RS256(TYPES)                                                                 \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" GC_WGMMA_OP("m64n256k16", TYPES, \
-                                                                          GC_WGMMA_D128)    \
-               "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"                          \
-               : GC_WGMMA_ACC128(d)                                                         \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
-  if constexpr (std::is_same_v<M, __half>) {
-    GC_ATTN_RS256("f16.f16");
-  } else {
-    GC_ATTN_RS256("bf16.bf16");
-  }
-#undef GC_ATTN_RS256
-}
+GC_ATTN_DEFINE_SS(64, 32, 32, 33, 34)
+GC_ATTN_DEFINE_SS(80, 40, 40, 41, 42)
+GC_ATTN_DEFINE_SS(96, 48, 48, 49, 50)
+GC_ATTN_DEFINE_SS(128, 64, 64, 65, 66)
+GC_ATTN_DEFINE_SS(176, 88, 88, 89, 90)
+GC_ATTN_DEFINE_RS(64, 32, 32, 33, 34, 35, 36, 37)
+GC_ATTN_DEFINE_RS(128, 64, 64, 65, 66, 67, 68, 69)
+GC_ATTN_DEFINE_RS(192, 96, 96, 97, 98, 99, 100, 101)
+GC_ATTN_DEFINE_RS(256, 128, 128, 129, 130, 131, 132, 133)
+#undef GC_ATTN_DEFINE_RS
+#undef GC_ATTN_RS_ASM
+#undef GC_ATTN_DEFINE_SS
+#undef GC_ATTN_SS_ASM
 
 template <typename M, int kD>
 __device__ __forceinline__ void WgmmaPV(float (&d)[kD / 2], const uint32_t (&a)[4],
@@ -447,10 +341,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kStages = Tile::kStages;
   extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
   const uint32_t base = (SmemAddr(wg_smem_raw) + 1023u) & ~1023u;
-  const uint32_t s_q = base;                                // slot 0
-  const uint32_t s_q1 = base + uint32_t(Tile::kQ1Offset);   // slot 1
-  const uint32_t s_k = s_q + Tile::kQBytes;                 // + stage * kKVBytes
-  const uint32_t s_v = s_k + kStages * Tile::kKVBytes;      // + stage * kKVBytes
+  const uint32_t s_q = base;                               // slot 0
+  const uint32_t s_q1 = base + uint32_t(Tile::kQ1Offset);  // slot 1
+  const uint32_t s_k = s_q + Tile::kQBytes;                // + stage * kKVBytes
+  const uint32_t s_v = s_k + kStages * Tile::kKVBytes;     // + stage * kKVBytes
   const uint32_t bars = s_v + kStages * Tile::kKVBytes;
   const WgmmaBars<kStages> bar{bars};
 

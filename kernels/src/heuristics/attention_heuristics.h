@@ -34,6 +34,7 @@ namespace gpucompute::kernels {
 // What the choice depends on.
 struct AttentionShape {
   int64_t batch = 1, heads_q = 1, heads_kv = 1, seq_q = 0, seq_kv = 0, head_dim = 0;
+  int wgmma_head_dim = 0;  // flash_wgmma's tile width for head_dim: 64, 128, 192 or 256
   bool causal = false;
   DType dtype = DType::kBF16;
   bool wgmma_ok = false;  // flash_wgmma takes these arguments
@@ -58,7 +59,7 @@ inline const char* ChooseAttentionVariant(const AttentionShape& s) {
 // below 2048 (a partial 192-row tile and worse causal balance: -11% at 1k
 // causal). Head dims past 64 keep two (registers).
 inline int WgmmaConsumers(const AttentionShape& s) {
-  return s.head_dim <= 64 && s.seq_q >= 2048 ? 3 : 2;
+  return s.wgmma_head_dim == 64 && s.seq_q >= 2048 ? 3 : 2;
 }
 
 // flash_wgmma runs a persistent grid (one block per SM walking the work
@@ -83,8 +84,7 @@ inline bool WgmmaTileCounter(const AttentionShape& s) { return s.causal; }
 // (a 176-key block padded past 128 keys, no second Q slot).
 inline constexpr int64_t kWgmmaWideKeysFrom = 2048;
 inline int WgmmaKeyTile(const AttentionShape& s) {
-  const bool kd128 = s.head_dim > 64 && s.head_dim <= 128;
-  return kd128 && !s.causal && s.seq_kv >= kWgmmaWideKeysFrom ? 176 : 0;
+  return s.wgmma_head_dim == 128 && !s.causal && s.seq_kv >= kWgmmaWideKeysFrom ? 176 : 0;
 }
 
 // Key splits of flash_mma's decode tile when its blocks (one per kv head and
