@@ -471,16 +471,15 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const WgmmaPlan& pl, const A
   // Persistent (one block per SM: the shared memory allows no second one)
   // where there are more tiles than SMs, else one tile per block.
   const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q * pl.splits;
-  const bool persistent = pl.persistent;
   if (p.tile_counter) {
     if (cudaError_t e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream); e != cudaSuccess)
       return e;
   }
-  dim3 grid(unsigned(persistent ? SmCount() : tiles));
+  dim3 grid(unsigned(pl.persistent ? SmCount() : tiles));
   // A block that runs one tile never uses the second Q slot; a persistent
   // one stages O in a buffer of its own where that fits.
-  size_t smem = persistent ? Tile::kSmemBytes : Tile::kOneTileSmemBytes;
-  if (o_tma && persistent && Tile::kOStaged) {
+  size_t smem = pl.persistent ? Tile::kSmemBytes : Tile::kOneTileSmemBytes;
+  if (o_tma && pl.persistent && Tile::kOStaged) {
     o_tma = 2;
     smem = Tile::kStagedSmemBytes;
   }

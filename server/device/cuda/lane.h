@@ -29,9 +29,9 @@ struct StagingOptions {
   // Copy threads (shared; may be null: the calling thread alone) take pieces
   // of a chunk of at least copy_piece_bytes. They write with non-temporal
   // stores into host memory (downloads) with streaming_to_host, into the
-  // pinned buffers (uploads) with streaming_to_device.
-  // Non-temporal stores into host memory only: gc_bench_device_path
-  // measured them faster that way and slower into the pinned buffers.
+  // pinned buffers (uploads) with streaming_to_device. The defaults (host
+  // memory only) are what gc_bench_device_path measured faster: streaming
+  // stores into the pinned buffers were slower or equal.
   ThreadPool* copier = nullptr;
   size_t copy_piece_bytes = size_t{256} << 10;
   bool streaming_to_host = true;
