@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/host_memory.h"
 
 namespace gpucompute::wire {
 namespace {
@@ -368,8 +369,7 @@ void SliceBytes::CopyTo(int64_t offset, int64_t n, void* dst) const {
 }
 
 std::string SliceBytes::ToString() const {
-  std::string out;
-  out.reserve(static_cast<size_t>(size_));
+  std::string out = LargeStringCache::Default().Take(static_cast<size_t>(size_));
   ForEach([&out](const char* data, size_t n) { out.append(data, n); });
   return out;
 }

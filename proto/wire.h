@@ -45,7 +45,8 @@ class SliceBytes {
   // Copies the bytes [offset, offset + n) to dst.
   // REQUIRES: 0 <= offset, offset + n <= size().
   void CopyTo(int64_t offset, int64_t n, void* dst) const;
-  // The bytes as one string (a copy).
+  // The bytes as one string (a copy; a large one in a buffer from
+  // LargeStringCache::Default()).
   std::string ToString() const;
 
  private:

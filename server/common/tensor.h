@@ -52,7 +52,8 @@ struct HostTensor {
   std::string data;
 
   // Allocates zero-filled storage for `shape` elements of `dtype` (a string, so
-  // that a response can take the bytes without a copy; large ones on huge pages).
+  // that a response can take the bytes without a copy; large ones from
+  // LargeStringCache::Default(), which keeps them for reuse when given back).
   static HostTensor Allocate(DType dtype, std::vector<int64_t> shape);
   int64_t num_elements() const { return NumElements(shape); }
   void* mutable_data() { return data.data(); }

@@ -276,6 +276,7 @@ class ComputeService::BatchReactor final
       status =
           service_->ExecuteBatchItem(*request, item->call, response.get(), &item->holding, &method);
     }
+    if (item->holding.request_bytes >= kRecycleMessageBytes) RecycleTensorBytes(request.get());
     request.reset();  // its bytes go before the answer's are encoded
     if (status.ok() && item->holding.more_bytes > 0) {
       const int64_t more = std::exchange(item->holding.more_bytes, 0);
@@ -346,6 +347,9 @@ class ComputeService::BatchReactor final
       failed.set_message(absl::StrCat("encoding the answer: ", encoded.error_message()));
       (void)grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::BatchResponse>(
           failed, &pending.message, &own_buffer);
+    }
+    if (static_cast<int64_t>(pending.message.Length()) >= kRecycleMessageBytes) {
+      RecycleTensorBytes(response.get());
     }
     response.reset();
     pending.bytes = static_cast<int64_t>(pending.message.Length());

@@ -312,6 +312,7 @@ class ComputeService::OpCall final
     holding_.decode_seconds += SecondsSince(decode_start);
     auto response = std::make_unique<Response>();
     const absl::Status status = service_->Execute(*request, response.get(), call_, &holding_);
+    if (holding_.request_bytes >= kRecycleMessageBytes) RecycleTensorBytes(request.get());
     request.reset();  // its bytes go before the answer's are encoded
     if (status.ok() && holding_.more_bytes > 0) {
       const int64_t more = std::exchange(holding_.more_bytes, 0);
@@ -325,6 +326,9 @@ class ComputeService::OpCall final
     bool own_buffer = false;
     grpc::Status encoded =
         grpc::GenericSerialize<grpc::ProtoBufferWriter, Response>(*response, &answer_, &own_buffer);
+    if (encoded.ok() && static_cast<int64_t>(answer_.Length()) >= kRecycleMessageBytes) {
+      RecycleTensorBytes(response.get());
+    }
     response.reset();
     if (!encoded.ok()) {
       Fail(absl::InternalError(absl::StrCat("encoding the answer: ", encoded.error_message())));

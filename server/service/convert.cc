@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "google/protobuf/descriptor.h"
+#include "proto/host_memory.h"
 #include "server/service/validate.h"
 
 namespace gpucompute {
@@ -153,6 +157,22 @@ void ToProto(const ResidentInfo& info, v1::TensorInfo* out) {
   out->mutable_replicas()->Assign(info.replicas.begin(), info.replicas.end());
   out->set_idle_seconds(info.idle_seconds);
   out->set_expires_in_seconds(info.expires_in_seconds);
+}
+
+void RecycleTensorBytes(google::protobuf::Message* message) {
+  if (message->GetDescriptor() == v1::Tensor::descriptor()) {
+    LargeStringCache::Default().Give(std::move(*static_cast<v1::Tensor*>(message)->mutable_data()));
+    return;
+  }
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(*message, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
+        !field->is_repeated()) {
+      RecycleTensorBytes(reflection->MutableMessage(message, field));
+    }
+  }
 }
 
 void FillResponse(OpResult& result, v1::GemmResponse* response) {

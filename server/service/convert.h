@@ -10,6 +10,7 @@
 #include "gpucompute/v1/compute.pb.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
+#include "proto/host_memory.h"
 #include "server/engine/engine.h"
 
 namespace gpucompute {
@@ -28,6 +29,17 @@ absl::StatusCode CodeSeenByClient(const absl::Status& status, grpc::CallbackServ
 // Moves `tensor` into `out`: its bytes are swapped into out->data without a
 // copy; `tensor` is left empty.
 void MoveToProto(HostTensor& tensor, v1::Tensor* out);
+
+// A request or answer this large may hold tensor bytes worth keeping
+// (RecycleTensorBytes); smaller ones are not looked through.
+inline constexpr int64_t kRecycleMessageBytes = int64_t{LargeStringCache::kMinBytes};
+
+// Gives the bytes of every Tensor in `message` (its own Tensor fields and
+// those of its singular message fields, as a Batch item's operation) to
+// LargeStringCache::Default(), which keeps the large ones for the next
+// request or result, and leaves them empty. For a request or an answer that
+// is done with.
+void RecycleTensorBytes(google::protobuf::Message* message);
 
 // Fills `out` from a finished operation's shards: one ShardTiming per shard
 // with bytes/s and FLOP/s over its kernel time, and the device stages (each

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gpucompute {
@@ -119,6 +121,123 @@ TEST(HostMemoryTest, TheTrimmerGivesBackFreedMemoryBeyondTheRetention) {
   EXPECT_LT(keep_none.KeptFreeBytes(), HostMemoryTrimmer::kSlackBytes);
   EXPECT_FALSE(keep_none.Trim());
   free(pin);
+}
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+std::string Buffer(size_t capacity) {
+  std::string s;
+  s.reserve(capacity);
+  return s;
+}
+
+TEST(LargeStringCacheTest, TakeServesTheSmallestKeptBufferThatFits) {
+  LargeStringCache cache(int64_t{1} << 30);
+  std::string small = Buffer(16 * kMiB);
+  std::string large = Buffer(32 * kMiB);
+  const char* small_data = small.data();
+  const char* large_data = large.data();
+  cache.Give(std::move(large));
+  cache.Give(std::move(small));
+  EXPECT_GE(cache.kept_bytes(), int64_t{48} << 20);
+  std::string a = cache.Take(12 * kMiB);
+  EXPECT_EQ(a.data(), small_data);
+  EXPECT_TRUE(a.empty());
+  std::string b = cache.Take(12 * kMiB);
+  EXPECT_EQ(b.data(), large_data);
+  EXPECT_EQ(cache.kept_bytes(), 0);
+  std::string c = cache.Take(12 * kMiB);  // none left: a fresh one
+  EXPECT_NE(c.data(), small_data);
+  EXPECT_NE(c.data(), large_data);
+  EXPECT_GE(c.capacity(), 12 * kMiB);
+}
+
+TEST(LargeStringCacheTest, KeepsOnlyLargeBuffersWithinItsCapacity) {
+  LargeStringCache cache(40 << 20);
+  cache.Give(Buffer(LargeStringCache::kMinBytes / 2));  // too small to keep
+  EXPECT_EQ(cache.kept_bytes(), 0);
+  cache.Give(Buffer(64 * kMiB));  // more than the whole capacity
+  EXPECT_EQ(cache.kept_bytes(), 0);
+  cache.Give(Buffer(16 * kMiB));
+  cache.Give(Buffer(16 * kMiB));
+  const int64_t two = cache.kept_bytes();
+  EXPECT_GE(two, int64_t{32} << 20);
+  EXPECT_LE(two, int64_t{40} << 20);
+  cache.Give(Buffer(16 * kMiB));  // one of the kept goes to make room
+  EXPECT_EQ(cache.kept_bytes(), two);
+  // No kept buffer fits 24 MiB, and with it the cache would be over its
+  // capacity: a kept one too small for it goes.
+  std::string fresh = cache.Take(24 * kMiB);
+  EXPECT_GE(fresh.capacity(), 24 * kMiB);
+  EXPECT_LE(cache.kept_bytes(), two / 2);
+  EXPECT_GT(cache.kept_bytes(), 0);
+  cache.SetCapacity(0);
+  EXPECT_EQ(cache.kept_bytes(), 0);
+  cache.Give(std::move(fresh));
+  EXPECT_EQ(cache.kept_bytes(), 0);
+}
+
+TEST(LargeStringCacheTest, SmallTakesAreFreshAndCarryNothingOver) {
+  LargeStringCache cache(int64_t{1} << 30);
+  std::string kept = Buffer(16 * kMiB);
+  kept.assign(16 * kMiB, 'x');
+  cache.Give(std::move(kept));
+  std::string small = cache.Take(1000);
+  EXPECT_TRUE(small.empty());
+  EXPECT_GE(small.capacity(), 1000u);
+  EXPECT_GE(cache.kept_bytes(), int64_t{16} << 20);  // not served below kMinBytes
+  std::string large = cache.Take(10 * kMiB);
+  EXPECT_TRUE(large.empty());  // the old bytes are not the new string's
+  large.resize(10 * kMiB);
+  EXPECT_EQ(large.find('x'), std::string::npos);
+}
+
+// The reason for the cache: with several arenas, a buffer larger than a
+// further arena's heap is mapped afresh for every request and page-faulted
+// in again; one taken from and given back to the cache is not. In a child
+// process, since the arena count is the process's.
+TEST(LargeStringCacheTest, BuffersLargerThanAnArenaHeapAreNotFaultedInAgain) {
+  if (mallopt(M_ARENA_MAX, 1) != 1) {
+    GTEST_SKIP() << "this allocator takes no mallopt settings (a sanitizer build)";
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (!KeepFreedHostMemory(INT32_MAX, 8).ok()) std::_Exit(2);
+        constexpr size_t kBytes = size_t{96} << 20;  // more than a 64 MiB heap
+        constexpr int kRounds = 8;
+        auto faults = [] {
+          struct rusage usage {};
+          getrusage(RUSAGE_THREAD, &usage);
+          return int64_t{usage.ru_minflt} * int64_t{sysconf(_SC_PAGESIZE)};
+        };
+        int64_t cached = 0;
+        int64_t plain = 0;
+        std::thread worker([&] {
+          int64_t after_first = 0;
+          for (int round = 0; round < kRounds; ++round) {
+            if (round == 1) after_first = faults();
+            std::string s = LargeStringCache::Default().Take(kBytes);
+            s.resize(kBytes, 'a');
+            LargeStringCache::Default().Give(std::move(s));
+          }
+          cached = faults() - after_first;
+          after_first = faults();
+          for (int round = 0; round < kRounds - 1; ++round) {
+            std::string s;
+            s.resize(kBytes, 'a');
+          }
+          plain = faults() - after_first;
+        });
+        worker.join();
+        const double touched = double(kRounds - 1) * kBytes;
+        std::fprintf(stderr,
+                     "faulted in after the first round: %.1f%% of the bytes through the cache, "
+                     "%.1f%% as plain strings\n",
+                     100.0 * double(cached) / touched, 100.0 * double(plain) / touched);
+        std::_Exit(double(cached) < 0.05 * touched ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

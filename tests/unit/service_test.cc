@@ -25,6 +25,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/host_memory.h"
 #include "server/backends.h"
 #include "server/engine/admission.h"
 #include "server/server.h"
@@ -243,6 +244,23 @@ TEST(ConvertTest, MoveToProtoSwapsTheBytesIn) {
   EXPECT_EQ(out.data().data(), bytes);  // no copy
 }
 
+TEST(ConvertTest, RecycleTensorBytesGivesTheTensorsBuffersToTheCache) {
+  LargeStringCache& cache = LargeStringCache::Default();
+  cache.SetCapacity(int64_t{1} << 30);
+  v1::BatchRequest item;  // a Tensor two messages down
+  v1::Tensor* a = item.mutable_gemm()->mutable_a();
+  a->mutable_data()->resize(LargeStringCache::kMinBytes + 1, 'a');
+  item.mutable_gemm()->mutable_b()->set_data("small");
+  const char* bytes = a->data().data();
+  const int64_t before = cache.kept_bytes();
+  RecycleTensorBytes(&item);
+  EXPECT_TRUE(a->data().empty());
+  EXPECT_TRUE(item.gemm().b().data().empty());
+  EXPECT_GT(cache.kept_bytes(), before);
+  EXPECT_EQ(cache.Take(LargeStringCache::kMinBytes).data(), bytes);
+  cache.SetCapacity(0);
+}
+
 TEST(ConvertTest, TimingsGiveRatesOverKernelTime) {
   ShardTiming shard;
   shard.device = 2;
@@ -438,6 +456,43 @@ TEST_F(ServerTest, ReadyFileInfoAndAGemmEqualToTheReference) {
   v1::EchoResponse echoed;
   ASSERT_TRUE(stub_->Echo(Context().get(), echo, &echoed).ok());
   EXPECT_EQ(echoed.output().SerializeAsString(), request.a().SerializeAsString());
+}
+
+// A request's large operands, as decoded, and its large result are kept
+// for the next request (LargeStringCache), not allocated and page-faulted in
+// anew each time; the next request's result is still its own.
+TEST_F(ServerTest, LargeOperandAndResultBuffersAreReused) {
+  LargeStringCache& cache = LargeStringCache::Default();
+  cache.SetCapacity(int64_t{1} << 30);
+  StartServer(ServerOptions());
+  constexpr int64_t kRows = 1024;
+  constexpr int64_t kCols = 2304;  // 9 MiB of fp32, over LargeStringCache::kMinBytes
+  std::vector<int64_t> kept;
+  for (int call = 0; call < 3; ++call) {
+    v1::TransposeRequest request;
+    *request.mutable_input() = RandomTensor({kRows, kCols}, rng_);
+    v1::TransposeResponse response;
+    grpc::Status status = stub_->Transpose(Context().get(), request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.output().shape_size(), 2);
+    EXPECT_EQ(response.output().shape(0), kCols);
+    const std::vector<double> in = Doubles(request.input());
+    const std::vector<double> out = Doubles(response.output());
+    ASSERT_EQ(out.size(), in.size());
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t c = 0; c < kCols; ++c) wrong += out[c * kRows + r] != in[r * kCols + c];
+    }
+    EXPECT_EQ(wrong, 0) << "call " << call;
+    kept.push_back(cache.kept_bytes());
+  }
+  // The operand's and the result's buffers, given back by the first call and
+  // taken again (not added to) by the others.
+  EXPECT_GE(kept[0], 2 * kRows * kCols * 4);
+  EXPECT_EQ(kept[1], kept[0]);
+  EXPECT_EQ(kept[2], kept[0]);
+  server_.reset();
+  cache.SetCapacity(0);
 }
 
 TEST_F(ServerTest, ErrorsAndLimits) {
