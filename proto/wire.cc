@@ -63,15 +63,6 @@ WireType WireTypeOf(const FieldDescriptor* field) {
   }
 }
 
-int VarintSize(uint64_t value) {
-  int n = 1;
-  while (value >= 0x80) {
-    value >>= 7;
-    ++n;
-  }
-  return n;
-}
-
 // Reads the bytes of a message that arrived as a list of slices.
 class Cursor {
  public:
@@ -403,6 +394,87 @@ void Materialize(std::vector<ExternalField>* external) {
   external->clear();
 }
 
+namespace {
+
+// A piece of an encoding: an attachment's bytes, or (attachment null) bytes
+// of its own.
+struct Segment {
+  std::string text;
+  const Attachment* attachment = nullptr;
+};
+
+void AppendText(std::string text, std::vector<Segment>* out) {
+  if (text.empty()) return;
+  if (!out->empty() && out->back().attachment == nullptr) {
+    out->back().text += text;
+    return;
+  }
+  out->push_back({std::move(text), nullptr});
+}
+
+std::string LengthDelimitedHeader(int number, int64_t length) {
+  std::string header;
+  AppendTag(number, kLengthDelimited, &header);
+  AppendVarint(static_cast<uint64_t>(length), &header);
+  return header;
+}
+
+// Appends to *out the encoding of `message` with `attachments` added, each
+// path taken from its element `depth` on; returns the encoding's bytes. The
+// message's fields that lead to attachments further down come last, each
+// encoded the same way (a field's place in the encoding does not matter to a
+// parser).
+int64_t Encode(const Message& message, const std::vector<const Attachment*>& attachments,
+               size_t depth, std::vector<Segment>* out) {
+  std::vector<const FieldDescriptor*> children;
+  for (const Attachment* a : attachments) {
+    if (a->path.size() > depth + 1 &&
+        std::find(children.begin(), children.end(), a->path[depth]) == children.end()) {
+      children.push_back(a->path[depth]);
+    }
+  }
+  std::string head;
+  if (children.empty()) {
+    head = message.SerializeAsString();
+  } else {
+    std::unique_ptr<Message> rest(message.New());
+    rest->CopyFrom(message);
+    for (const FieldDescriptor* f : children) rest->GetReflection()->ClearField(rest.get(), f);
+    head = rest->SerializeAsString();
+  }
+  int64_t bytes = static_cast<int64_t>(head.size());
+  AppendText(std::move(head), out);
+  for (const Attachment* a : attachments) {
+    if (a->path.size() != depth + 1) continue;
+    std::string header = LengthDelimitedHeader(a->path[depth]->number(), a->size);
+    bytes += static_cast<int64_t>(header.size()) + a->size;
+    AppendText(std::move(header), out);
+    if (a->size > 0) out->push_back({std::string(), a});
+  }
+  for (const FieldDescriptor* f : children) {
+    std::vector<const Attachment*> below;
+    for (const Attachment* a : attachments) {
+      if (a->path.size() > depth + 1 && a->path[depth] == f) below.push_back(a);
+    }
+    std::vector<Segment> child;
+    const int64_t child_bytes =
+        Encode(message.GetReflection()->GetMessage(message, f), below, depth + 1, &child);
+    std::string header = LengthDelimitedHeader(f->number(), child_bytes);
+    bytes += static_cast<int64_t>(header.size()) + child_bytes;
+    AppendText(std::move(header), out);
+    for (Segment& segment : child) {
+      if (segment.attachment == nullptr) {
+        AppendText(std::move(segment.text), out);
+      } else {
+        out->push_back(std::move(segment));
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
 grpc::ByteBuffer Serialize(const Message& message, std::vector<Attachment> attachments) {
   std::vector<grpc::Slice> slices;
   if (attachments.empty()) {
@@ -410,55 +482,17 @@ grpc::ByteBuffer Serialize(const Message& message, std::vector<Attachment> attac
     slices.emplace_back(bytes);
     return grpc::ByteBuffer(slices.data(), slices.size());
   }
-  // The message without the outer fields that get attachments, then each
-  // such field: its own fields, then its attachments. A field's place in
-  // the encoding does not matter to a parser.
-  std::vector<const FieldDescriptor*> outer;
-  for (const Attachment& a : attachments) {
-    if (a.path.size() == 2 && std::find(outer.begin(), outer.end(), a.path[0]) == outer.end()) {
-      outer.push_back(a.path[0]);
+  std::vector<const Attachment*> all;
+  for (const Attachment& a : attachments) all.push_back(&a);
+  std::vector<Segment> segments;
+  Encode(message, all, 0, &segments);
+  for (const Segment& segment : segments) {
+    if (segment.attachment == nullptr) {
+      slices.emplace_back(segment.text);
+    } else {
+      slices.push_back(AttachmentSlice(*segment.attachment));
     }
   }
-  std::string head;
-  if (outer.empty()) {
-    head = message.SerializeAsString();
-  } else {
-    std::unique_ptr<Message> rest(message.New());
-    rest->CopyFrom(message);
-    for (const FieldDescriptor* f : outer) rest->GetReflection()->ClearField(rest.get(), f);
-    head = rest->SerializeAsString();
-  }
-  // Top-level attachments follow the head directly.
-  for (const Attachment& a : attachments) {
-    if (a.path.size() != 1) continue;
-    AppendTag(a.path[0]->number(), kLengthDelimited, &head);
-    AppendVarint(static_cast<uint64_t>(a.size), &head);
-    slices.emplace_back(head);
-    head.clear();
-    if (a.size > 0) slices.push_back(AttachmentSlice(a));
-  }
-  for (const FieldDescriptor* f : outer) {
-    const Message& child = message.GetReflection()->GetMessage(message, f);
-    const std::string own = child.SerializeAsString();
-    int64_t length = static_cast<int64_t>(own.size());
-    for (const Attachment& a : attachments) {
-      if (a.path.size() != 2 || a.path[0] != f) continue;
-      length += VarintSize((static_cast<uint64_t>(a.path[1]->number()) << 3)) +
-                VarintSize(static_cast<uint64_t>(a.size)) + a.size;
-    }
-    AppendTag(f->number(), kLengthDelimited, &head);
-    AppendVarint(static_cast<uint64_t>(length), &head);
-    head += own;
-    for (const Attachment& a : attachments) {
-      if (a.path.size() != 2 || a.path[0] != f) continue;
-      AppendTag(a.path[1]->number(), kLengthDelimited, &head);
-      AppendVarint(static_cast<uint64_t>(a.size), &head);
-      slices.emplace_back(head);
-      head.clear();
-      if (a.size > 0) slices.push_back(AttachmentSlice(a));
-    }
-  }
-  if (!head.empty()) slices.emplace_back(head);
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 

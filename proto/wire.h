@@ -80,7 +80,7 @@ void Materialize(std::vector<ExternalField>* external);
 // A bytes field sent from the caller's memory, without a copy: the field
 // `path.back()` of the message reached through the singular message fields
 // `path[0 .. n-2]` from the top (a path of one: a field of the top message;
-// of two: a field of one of its message fields).
+// of two: a field of one of its message fields; and so on).
 struct Attachment {
   std::vector<const google::protobuf::FieldDescriptor*> path;
   const void* data = nullptr;
@@ -90,9 +90,9 @@ struct Attachment {
 };
 
 // The encoding of `message` with the attachments added. The attachments'
-// fields must be empty in `message`; each path at most two fields long, the
-// outer one a singular message field. The result references the
-// attachments' memory (holding their keep_alive) and copies only the rest.
+// fields must be empty in `message`; every field of a path but the last is a
+// singular message field. The result references the attachments' memory
+// (holding their keep_alive) and copies only the rest.
 grpc::ByteBuffer Serialize(const google::protobuf::Message& message,
                            std::vector<Attachment> attachments = {});
 

@@ -73,15 +73,14 @@ ABSL_FLAG(int, staging_copy_threads, kDefaults.staging_copy_threads,
           "per GPU: threads that copy between pageable host memory and the pinned staging "
           "buffers (0 to 64); 0 = the host's cores shared among the GPUs, at most 8 each");
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
-          "freed host memory the allocator keeps for reuse, so that large messages do not "
-          "page-fault their buffers in again (no mmap for large blocks); more is given back "
-          "within a second; 0 = the C library's defaults, and freed memory is given back within "
-          "a second");
+          "freed host memory kept for reuse, the allocator's (no mmap for large blocks) and "
+          "the buffers of tensors of 8 MiB and more, so that large messages do not page-fault "
+          "their buffers in again; more is given back within a second; 0 = the C library's "
+          "defaults, and freed memory is given back within a second");
 ABSL_FLAG(int, host_memory_arenas, 8,
           "with --retain_host_memory_bytes: heaps the allocator spreads threads over; more let "
           "many threads allocate at once (small requests at high rates); 1 keeps every freed "
-          "block in one pool (best for requests sent as one message of more than 64 MiB, whose "
-          "blocks a further heap cannot hold)");
+          "block in one pool");
 ABSL_FLAG(int, worker_threads, kDefaults.worker_threads,
           "threads running operations; 0 = twice the hardware threads (at least 4)");
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file,

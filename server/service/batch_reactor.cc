@@ -14,7 +14,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpc/grpc.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "proto/wire.h"
 #include "server/service/compute_service.h"
 #include "server/service/convert.h"
@@ -336,20 +335,15 @@ class ComputeService::BatchReactor final
       response->set_message(grpc_status.error_message());
     }
     Pending pending;
-    bool own_buffer = false;
-    if (grpc::Status encoded = grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::BatchResponse>(
-            *response, &pending.message, &own_buffer);
-        !encoded.ok()) {
-      // Only a message over protobuf's 2 GiB could fail: answer without it.
+    if (absl::StatusOr<grpc::ByteBuffer> encoded = EncodeAnswer(response.get()); encoded.ok()) {
+      pending.message = *std::move(encoded);
+    } else {
+      // Only an answer over 2 GiB could fail: answer without it.
       v1::BatchResponse failed;
       failed.set_id(response->id());
       failed.set_code(static_cast<int32_t>(grpc::StatusCode::INTERNAL));
-      failed.set_message(absl::StrCat("encoding the answer: ", encoded.error_message()));
-      (void)grpc::GenericSerialize<grpc::ProtoBufferWriter, v1::BatchResponse>(
-          failed, &pending.message, &own_buffer);
-    }
-    if (static_cast<int64_t>(pending.message.Length()) >= kRecycleMessageBytes) {
-      RecycleTensorBytes(response.get());
+      failed.set_message(std::string(encoded.status().message()));
+      pending.message = wire::Serialize(failed);
     }
     response.reset();
     pending.bytes = static_cast<int64_t>(pending.message.Length());

@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "google/protobuf/descriptor.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "proto/wire.h"
 #include "server/common/status_macros.h"
 #include "server/core/cost.h"
@@ -323,17 +322,13 @@ class ComputeService::OpCall final
       Fail(status);
       return;
     }
-    bool own_buffer = false;
-    grpc::Status encoded =
-        grpc::GenericSerialize<grpc::ProtoBufferWriter, Response>(*response, &answer_, &own_buffer);
-    if (encoded.ok() && static_cast<int64_t>(answer_.Length()) >= kRecycleMessageBytes) {
-      RecycleTensorBytes(response.get());
-    }
+    absl::StatusOr<grpc::ByteBuffer> encoded = EncodeAnswer(response.get());
     response.reset();
     if (!encoded.ok()) {
-      Fail(absl::InternalError(absl::StrCat("encoding the answer: ", encoded.error_message())));
+      Fail(encoded.status());
       return;
     }
+    answer_ = *std::move(encoded);
     const int64_t answer_bytes = static_cast<int64_t>(answer_.Length());
     holding_.ticket.ShrinkTo(answer_bytes);
     service_->metrics_->AddSentBytes(answer_bytes);

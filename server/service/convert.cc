@@ -1,12 +1,16 @@
 #include "server/service/convert.h"
 
 #include <algorithm>
+#include <climits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/host_memory.h"
+#include "proto/wire.h"
 #include "server/service/validate.h"
 
 namespace gpucompute {
@@ -173,6 +177,61 @@ void RecycleTensorBytes(google::protobuf::Message* message) {
       RecycleTensorBytes(reflection->MutableMessage(message, field));
     }
   }
+}
+
+namespace {
+
+// Moves the large tensor bytes under `message`, reached from the top through
+// `*path`, into `*out` (see EncodeAnswer).
+void DetachTensorBytes(google::protobuf::Message* message,
+                       std::vector<const google::protobuf::FieldDescriptor*>* path,
+                       std::vector<wire::Attachment>* out) {
+  if (message->GetDescriptor() == v1::Tensor::descriptor()) {
+    auto* tensor = static_cast<v1::Tensor*>(message);
+    if (static_cast<int64_t>(tensor->data().size()) < wire::kDefaultMinExternalBytes) return;
+    std::shared_ptr<std::string> bytes(new std::string(std::move(*tensor->mutable_data())),
+                                       [](std::string* s) {
+                                         LargeStringCache::Default().Give(std::move(*s));
+                                         delete s;
+                                       });
+    tensor->clear_data();
+    wire::Attachment attachment;
+    attachment.path = *path;
+    attachment.path.push_back(
+        v1::Tensor::descriptor()->FindFieldByNumber(v1::Tensor::kDataFieldNumber));
+    attachment.data = bytes->data();
+    attachment.size = static_cast<int64_t>(bytes->size());
+    attachment.keep_alive = std::move(bytes);
+    out->push_back(std::move(attachment));
+    return;
+  }
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(*message, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
+        !field->is_repeated()) {
+      path->push_back(field);
+      DetachTensorBytes(reflection->MutableMessage(message, field), path, out);
+      path->pop_back();
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<grpc::ByteBuffer> EncodeAnswer(google::protobuf::Message* message) {
+  const size_t bytes = message->ByteSizeLong();
+  if (bytes > size_t{INT_MAX}) {
+    return absl::InternalError(absl::StrCat("encoding the answer: it is ", bytes,
+                                            " bytes, more than a gRPC message carries (2 GiB)"));
+  }
+  std::vector<wire::Attachment> attachments;
+  if (static_cast<int64_t>(bytes) >= wire::kDefaultMinExternalBytes) {
+    std::vector<const google::protobuf::FieldDescriptor*> path;
+    DetachTensorBytes(message, &path, &attachments);
+  }
+  return wire::Serialize(*message, std::move(attachments));
 }
 
 void FillResponse(OpResult& result, v1::GemmResponse* response) {

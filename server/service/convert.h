@@ -6,9 +6,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "gpucompute/v1/compute.pb.h"
 #include "grpcpp/server_context.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
 #include "proto/host_memory.h"
 #include "server/engine/engine.h"
@@ -30,16 +32,22 @@ absl::StatusCode CodeSeenByClient(const absl::Status& status, grpc::CallbackServ
 // copy; `tensor` is left empty.
 void MoveToProto(HostTensor& tensor, v1::Tensor* out);
 
-// A request or answer this large may hold tensor bytes worth keeping
+// A request this large may hold tensor bytes worth keeping
 // (RecycleTensorBytes); smaller ones are not looked through.
 inline constexpr int64_t kRecycleMessageBytes = int64_t{LargeStringCache::kMinBytes};
 
 // Gives the bytes of every Tensor in `message` (its own Tensor fields and
 // those of its singular message fields, as a Batch item's operation) to
 // LargeStringCache::Default(), which keeps the large ones for the next
-// request or result, and leaves them empty. For a request or an answer that
-// is done with.
+// request or result, and leaves them empty. For a request that is done with.
 void RecycleTensorBytes(google::protobuf::Message* message);
+
+// The encoding of an answer, its tensors' bytes sent from where they are:
+// every Tensor in `message` (as RecycleTensorBytes finds them) with at least
+// wire::kDefaultMinExternalBytes is moved out of it into an attachment, and
+// its buffer goes to LargeStringCache::Default() once gRPC is done with it.
+// Errors: INTERNAL for an answer over 2 GiB, which no gRPC message carries.
+absl::StatusOr<grpc::ByteBuffer> EncodeAnswer(google::protobuf::Message* message);
 
 // Fills `out` from a finished operation's shards: one ShardTiming per shard
 // with bytes/s and FLOP/s over its kernel time, and the device stages (each

@@ -458,9 +458,10 @@ TEST_F(ServerTest, ReadyFileInfoAndAGemmEqualToTheReference) {
   EXPECT_EQ(echoed.output().SerializeAsString(), request.a().SerializeAsString());
 }
 
-// A request's large operands, as decoded, and its large result are kept
-// for the next request (LargeStringCache), not allocated and page-faulted in
-// anew each time; the next request's result is still its own.
+// A request's large operands, as decoded, and its large result (sent from
+// its buffer) are kept for the next request (LargeStringCache), not
+// allocated and page-faulted in anew each time; the next request's result is
+// still its own.
 TEST_F(ServerTest, LargeOperandAndResultBuffersAreReused) {
   LargeStringCache& cache = LargeStringCache::Default();
   cache.SetCapacity(int64_t{1} << 30);
@@ -484,6 +485,13 @@ TEST_F(ServerTest, LargeOperandAndResultBuffersAreReused) {
       for (int64_t c = 0; c < kCols; ++c) wrong += out[c * kRows + r] != in[r * kCols + c];
     }
     EXPECT_EQ(wrong, 0) << "call " << call;
+    // The result's buffer goes back once gRPC has sent it, which may be just
+    // after the answer arrived.
+    const int64_t want = call == 0 ? 2 * kRows * kCols * 4 : kept[0];
+    for (absl::Time until = absl::Now() + absl::Seconds(10);
+         cache.kept_bytes() < want && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     kept.push_back(cache.kept_bytes());
   }
   // The operand's and the result's buffers, given back by the first call and

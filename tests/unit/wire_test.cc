@@ -7,8 +7,10 @@
 
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gpucompute/v1/compute.pb.h"
 
@@ -284,6 +286,37 @@ TEST(WireSerialize, AttachmentsReadBackByProtobuf) {
       EXPECT_TRUE(MessageDifferencer::Equals(got, expected));
     }
     EXPECT_TRUE(released);
+  }
+}
+
+TEST(WireSerialize, AttachmentsThreeFieldsDownAndBesideEachOther) {
+  std::mt19937 rng(21);
+  for (int trial = 0; trial < 10; ++trial) {
+    const std::string o = RandomBytes(1 + rng() % 100000, rng);
+    const std::string lse = RandomBytes(rng() % 3000, rng);
+    v1::BatchResponse item;
+    item.set_id(absl::StrCat("item-", trial));
+    v1::AttentionResponse* attention = item.mutable_attention();
+    attention->mutable_o()->set_dtype(v1::BFLOAT16);
+    attention->mutable_o()->add_shape(3);
+    attention->mutable_lse()->add_shape(5);
+    attention->mutable_timings()->add_shards()->set_variant("flash_mma");
+    const auto* data = Field(v1::Tensor::descriptor(), "data");
+    const auto* outer = Field(v1::BatchResponse::descriptor(), "attention");
+    const auto* type = v1::AttentionResponse::descriptor();
+    std::vector<Attachment> attachments = {
+        {{outer, Field(type, "o"), data}, o.data(), static_cast<int64_t>(o.size()), nullptr},
+        {{outer, Field(type, "lse"), data}, lse.data(), static_cast<int64_t>(lse.size()), nullptr},
+    };
+    if (trial % 2 == 1) std::swap(attachments[0], attachments[1]);
+    const grpc::ByteBuffer buffer = Serialize(item, std::move(attachments));
+    v1::BatchResponse got;
+    ASSERT_TRUE(got.ParseFromString(Flatten(buffer)));
+    v1::BatchResponse expected = item;
+    expected.mutable_attention()->mutable_o()->set_data(o);
+    expected.mutable_attention()->mutable_lse()->set_data(lse);
+    EXPECT_TRUE(MessageDifferencer::Equals(got, expected));
+    EXPECT_EQ(static_cast<int64_t>(buffer.Length()), static_cast<int64_t>(expected.ByteSizeLong()));
   }
 }
 
