@@ -70,11 +70,12 @@ std::string LargeStringCache::Take(size_t bytes) {
   std::vector<std::string> dropped;  // freed outside the lock
   {
     absl::MutexLock lock(&mu_);
+    auto fits = [bytes](const std::string& s) {
+      return s.capacity() >= bytes && s.capacity() / 2 <= bytes;
+    };
     auto best = kept_.end();
     for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if (it->capacity() >= bytes && (best == kept_.end() || it->capacity() < best->capacity())) {
-        best = it;
-      }
+      if (fits(*it) && (best == kept_.end() || it->capacity() < best->capacity())) best = it;
     }
     if (best != kept_.end()) {
       std::string s = std::move(*best);
@@ -84,7 +85,7 @@ std::string LargeStringCache::Take(size_t bytes) {
     }
     for (auto it = kept_.begin();
          it != kept_.end() && kept_bytes_ + static_cast<int64_t>(bytes) > capacity_bytes_;) {
-      if (it->capacity() < bytes) {
+      if (!fits(*it)) {
         kept_bytes_ -= static_cast<int64_t>(it->capacity());
         dropped.push_back(std::move(*it));
         it = kept_.erase(it);

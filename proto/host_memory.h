@@ -70,10 +70,12 @@ class LargeStringCache {
 
   void SetCapacity(int64_t capacity_bytes);
   // An empty string whose capacity is at least `bytes`. From kMinBytes on:
-  // the smallest kept buffer that holds them, else a fresh one (advised to
-  // use huge pages, not yet touched); below, always a fresh one. To make room for a fresh one, kept
-  // buffers too small for it go first, as long as the cache is over its
-  // capacity with the fresh one counted.
+  // the smallest kept buffer that holds them and is at most twice as large
+  // (so what a request holds stays within twice its bytes), else a fresh one
+  // (advised to use huge pages, not yet touched); below, always a fresh one.
+  // To make room for a fresh one, kept buffers that do not fit go first
+  // (oldest first), as long as the cache is over its capacity with the fresh
+  // one counted.
   std::string Take(size_t bytes);
   // Keeps `s`'s buffer for a later Take when its capacity is at least
   // kMinBytes and at most the cache's capacity (the longest kept go first to

@@ -143,7 +143,10 @@ TEST(LargeStringCacheTest, TakeServesTheSmallestKeptBufferThatFits) {
   std::string a = cache.Take(12 * kMiB);
   EXPECT_EQ(a.data(), small_data);
   EXPECT_TRUE(a.empty());
-  std::string b = cache.Take(12 * kMiB);
+  std::string fresh = cache.Take(12 * kMiB);  // the 32 MiB one is more than twice that
+  EXPECT_NE(fresh.data(), large_data);
+  EXPECT_GE(fresh.capacity(), 12 * kMiB);
+  std::string b = cache.Take(20 * kMiB);
   EXPECT_EQ(b.data(), large_data);
   EXPECT_EQ(cache.kept_bytes(), 0);
   std::string c = cache.Take(12 * kMiB);  // none left: a fresh one
