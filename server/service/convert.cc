@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -163,46 +164,18 @@ void ToProto(const ResidentInfo& info, v1::TensorInfo* out) {
   out->set_expires_in_seconds(info.expires_in_seconds);
 }
 
-void RecycleTensorBytes(google::protobuf::Message* message) {
-  if (message->GetDescriptor() == v1::Tensor::descriptor()) {
-    LargeStringCache::Default().Give(std::move(*static_cast<v1::Tensor*>(message)->mutable_data()));
-    return;
-  }
-  const google::protobuf::Reflection* reflection = message->GetReflection();
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  reflection->ListFields(*message, &fields);
-  for (const google::protobuf::FieldDescriptor* field : fields) {
-    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
-        !field->is_repeated()) {
-      RecycleTensorBytes(reflection->MutableMessage(message, field));
-    }
-  }
-}
-
 namespace {
 
-// Moves the large tensor bytes under `message`, reached from the top through
-// `*path`, into `*out` (see EncodeAnswer).
-void DetachTensorBytes(google::protobuf::Message* message,
-                       std::vector<const google::protobuf::FieldDescriptor*>* path,
-                       std::vector<wire::Attachment>* out) {
+using FieldPath = std::vector<const google::protobuf::FieldDescriptor*>;
+
+// Calls fn(tensor, path) for every Tensor in `message`: itself, its Tensor
+// fields and those of its singular message fields, at any depth; `*path`
+// holds the fields that lead from the top to `message` and, in fn, to the
+// tensor.
+void ForEachTensor(google::protobuf::Message* message, FieldPath* path,
+                   const std::function<void(v1::Tensor*, const FieldPath&)>& fn) {
   if (message->GetDescriptor() == v1::Tensor::descriptor()) {
-    auto* tensor = static_cast<v1::Tensor*>(message);
-    if (static_cast<int64_t>(tensor->data().size()) < wire::kDefaultMinExternalBytes) return;
-    std::shared_ptr<std::string> bytes(new std::string(std::move(*tensor->mutable_data())),
-                                       [](std::string* s) {
-                                         LargeStringCache::Default().Give(std::move(*s));
-                                         delete s;
-                                       });
-    tensor->clear_data();
-    wire::Attachment attachment;
-    attachment.path = *path;
-    attachment.path.push_back(
-        v1::Tensor::descriptor()->FindFieldByNumber(v1::Tensor::kDataFieldNumber));
-    attachment.data = bytes->data();
-    attachment.size = static_cast<int64_t>(bytes->size());
-    attachment.keep_alive = std::move(bytes);
-    out->push_back(std::move(attachment));
+    fn(static_cast<v1::Tensor*>(message), *path);
     return;
   }
   const google::protobuf::Reflection* reflection = message->GetReflection();
@@ -212,7 +185,7 @@ void DetachTensorBytes(google::protobuf::Message* message,
     if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
         !field->is_repeated()) {
       path->push_back(field);
-      DetachTensorBytes(reflection->MutableMessage(message, field), path, out);
+      ForEachTensor(reflection->MutableMessage(message, field), path, fn);
       path->pop_back();
     }
   }
@@ -220,17 +193,42 @@ void DetachTensorBytes(google::protobuf::Message* message,
 
 }  // namespace
 
+void RecycleTensorBytes(google::protobuf::Message* message) {
+  FieldPath path;
+  ForEachTensor(message, &path, [](v1::Tensor* tensor, const FieldPath&) {
+    LargeStringCache::Default().Give(std::move(*tensor->mutable_data()));
+    tensor->clear_data();
+  });
+}
+
 absl::StatusOr<grpc::ByteBuffer> EncodeAnswer(google::protobuf::Message* message) {
   const size_t bytes = message->ByteSizeLong();
   if (bytes > size_t{INT_MAX}) {
     return absl::InternalError(absl::StrCat("encoding the answer: it is ", bytes,
                                             " bytes, more than a gRPC message carries (2 GiB)"));
   }
+  if (static_cast<int64_t>(bytes) < wire::kDefaultMinExternalBytes)
+    return wire::Serialize(*message);
   std::vector<wire::Attachment> attachments;
-  if (static_cast<int64_t>(bytes) >= wire::kDefaultMinExternalBytes) {
-    std::vector<const google::protobuf::FieldDescriptor*> path;
-    DetachTensorBytes(message, &path, &attachments);
-  }
+  const google::protobuf::FieldDescriptor* data =
+      v1::Tensor::descriptor()->FindFieldByNumber(v1::Tensor::kDataFieldNumber);
+  FieldPath path;
+  ForEachTensor(message, &path, [&](v1::Tensor* tensor, const FieldPath& to_tensor) {
+    if (static_cast<int64_t>(tensor->data().size()) < wire::kDefaultMinExternalBytes) return;
+    std::shared_ptr<std::string> bytes(new std::string(std::move(*tensor->mutable_data())),
+                                       [](std::string* s) {
+                                         LargeStringCache::Default().Give(std::move(*s));
+                                         delete s;
+                                       });
+    tensor->clear_data();
+    wire::Attachment attachment;
+    attachment.path = to_tensor;
+    attachment.path.push_back(data);
+    attachment.data = bytes->data();
+    attachment.size = static_cast<int64_t>(bytes->size());
+    attachment.keep_alive = std::move(bytes);
+    attachments.push_back(std::move(attachment));
+  });
   return wire::Serialize(*message, std::move(attachments));
 }
 

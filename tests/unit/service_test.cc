@@ -261,6 +261,54 @@ TEST(ConvertTest, RecycleTensorBytesGivesTheTensorsBuffersToTheCache) {
   cache.SetCapacity(0);
 }
 
+TEST(ConvertTest, EncodeAnswerSendsTensorBytesFromTheirBufferAndGivesItBack) {
+  LargeStringCache& cache = LargeStringCache::Default();
+  cache.SetCapacity(int64_t{1} << 30);
+  v1::BatchResponse answer;  // the result three fields down
+  answer.set_id("x");
+  v1::GemmResponse* gemm = answer.mutable_gemm();
+  gemm->mutable_c()->set_dtype(v1::FLOAT32);
+  gemm->mutable_c()->add_shape(int64_t{LargeStringCache::kMinBytes / 4 + 1});
+  std::string& data = *gemm->mutable_c()->mutable_data();
+  data.resize(LargeStringCache::kMinBytes + 4);
+  for (size_t i = 0; i < data.size(); i += 4096) data[i] = static_cast<char>(i / 4096);
+  gemm->mutable_timings()->add_shards()->set_variant("reg8x8");
+  const v1::BatchResponse expected = answer;
+  const char* bytes = data.data();
+  const int64_t before = cache.kept_bytes();
+  {
+    absl::StatusOr<grpc::ByteBuffer> encoded = EncodeAnswer(&answer);
+    ASSERT_TRUE(encoded.ok()) << encoded.status();
+    EXPECT_TRUE(answer.gemm().c().data().empty());  // moved out, not copied
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(encoded->Dump(&slices).ok());
+    bool sent_in_place = false;
+    std::string flat;
+    for (const grpc::Slice& slice : slices) {
+      sent_in_place |= reinterpret_cast<const char*>(slice.begin()) == bytes;
+      flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    EXPECT_TRUE(sent_in_place);
+    v1::BatchResponse got;
+    ASSERT_TRUE(got.ParseFromString(flat));
+    EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
+    EXPECT_EQ(cache.kept_bytes(), before);  // still being sent
+  }
+  EXPECT_GT(cache.kept_bytes(), before);  // sent: the buffer is kept for reuse
+  EXPECT_EQ(cache.Take(LargeStringCache::kMinBytes).data(), bytes);
+  // A small answer is encoded as protobuf would.
+  v1::GemmResponse small;
+  small.mutable_c()->set_data("abc");
+  absl::StatusOr<grpc::ByteBuffer> encoded = EncodeAnswer(&small);
+  ASSERT_TRUE(encoded.ok());
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(encoded->Dump(&slices).ok());
+  ASSERT_EQ(slices.size(), 1u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(slices[0].begin()), slices[0].size()),
+            small.SerializeAsString());
+  cache.SetCapacity(0);
+}
+
 TEST(ConvertTest, TimingsGiveRatesOverKernelTime) {
   ShardTiming shard;
   shard.device = 2;
