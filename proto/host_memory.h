@@ -49,7 +49,8 @@ absl::Status KeepFreedHostMemory(int64_t retain_bytes, int arenas = 1);
 inline constexpr int64_t kArenaHeapBytes = int64_t{64} << 20;
 
 // Keeps the buffers of large strings (a request's tensor bytes as decoded, a
-// result's bytes) for the next request of their size. The allocator cannot:
+// result's bytes, a resident tensor's on the CPU backend) for the next
+// request of their size. The allocator cannot:
 // with several arenas, a block larger than a further arena's heap
 // (kArenaHeapBytes) is mapped on its own and unmapped when freed, so every
 // such request page-faulted its buffers in anew (development machine, CPU

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/reference.h"
+#include "proto/host_memory.h"
 #include "server/core/planner.h"
 #include "tests/unit/core_test_util.h"
 
@@ -87,6 +88,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CpuGemmTest,
                                             ::testing::ValuesIn(kAllDTypes),
                                             ::testing::Values("openblas", "naive")),
                          GemmName);
+
+// A large resident buffer goes back to LargeStringCache when freed and
+// serves the next one of its size; what it held is written over, never read.
+TEST(CpuDeviceMemory, LargeBuffersAreKeptForTheNextAllocation) {
+  LargeStringCache& cache = LargeStringCache::Default();
+  cache.SetCapacity(int64_t{1} << 30);
+  std::unique_ptr<Device> device = OneThreadDevice();
+  const int64_t bytes = int64_t{LargeStringCache::kMinBytes} + 300;
+  std::string ones(static_cast<size_t>(bytes), '\1');
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> first = device->Allocate(bytes);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(device->Write(**first, 0, ones.data(), bytes).ok());
+  const void* data = (*first)->data();
+  first->reset();
+  EXPECT_GE(cache.kept_bytes(), bytes);
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> second = device->Allocate(bytes - 100);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->data(), data);
+  EXPECT_EQ((*second)->bytes(), bytes - 100);
+  std::string twos(static_cast<size_t>(bytes - 100), '\2');
+  ASSERT_TRUE(device->Write(**second, 0, twos.data(), bytes - 100).ok());
+  std::string back(static_cast<size_t>(bytes - 100), '\0');
+  ASSERT_TRUE(device->Read(**second, 0, back.data(), bytes - 100).ok());
+  EXPECT_EQ(back, twos);
+  second->reset();
+  cache.SetCapacity(0);
+}
 
 TEST(CpuGemm, ShardWritesOnlyItsRows) {
   testing::GemmCase g = testing::MakeGemm(DType::kFloat32, 2, 33, 7, 127, false, false, 1, 0);
