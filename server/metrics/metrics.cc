@@ -17,6 +17,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
+#include "proto/host_memory.h"
 #include "server/metrics/build_info.h"
 #include "server/metrics/http_endpoint.h"
 #include "server/metrics/process_stats.h"
@@ -50,10 +51,10 @@ const prometheus::Histogram::BucketBoundaries& QueueBuckets() {
   return *buckets;
 }
 
-// A family of one sample that a scrape builds from /proc (prometheus-cpp's
-// counters only count up from zero; these are read whole).
-prometheus::MetricFamily ProcessFamily(const char* name, const char* help,
-                                       prometheus::MetricType type, double value) {
+// A family of one sample that a scrape reads whole, from /proc or from the
+// host memory kept (prometheus-cpp's counters only count up from zero).
+prometheus::MetricFamily OneSampleFamily(const char* name, const char* help,
+                                         prometheus::MetricType type, double value) {
   prometheus::MetricFamily family;
   family.name = name;
   family.help = help;
@@ -258,25 +259,32 @@ absl::Status Metrics::Serve(const std::string& listen) {
 std::string Metrics::Scrape() const {
   RefreshDevices();
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  families.push_back(OneSampleFamily(
+      "gpucompute_host_kept_bytes",
+      "Freed host memory kept as buffers for the next large tensors (operands, results, "
+      "resident tensors on the CPU backend): part of --retain_host_memory_bytes.",
+      prometheus::MetricType::Gauge,
+      static_cast<double>(LargeStringCache::Default().kept_bytes())));
   // Without /proc (not Linux) the process families are left out.
   if (absl::StatusOr<ProcessStats> process = ReadProcessStats(); process.ok()) {
     using prometheus::MetricType;
-    families.push_back(ProcessFamily("process_cpu_seconds_total",
-                                     "Total user and system CPU time spent in seconds.",
-                                     MetricType::Counter, process->cpu_seconds));
-    families.push_back(ProcessFamily("process_resident_memory_bytes",
-                                     "Resident memory size in bytes.", MetricType::Gauge,
-                                     static_cast<double>(process->resident_bytes)));
-    families.push_back(ProcessFamily("process_virtual_memory_bytes",
-                                     "Virtual memory size in bytes.", MetricType::Gauge,
-                                     static_cast<double>(process->virtual_bytes)));
-    families.push_back(ProcessFamily("process_start_time_seconds",
-                                     "Start time of the process since unix epoch in seconds.",
-                                     MetricType::Gauge, process->start_time_seconds));
-    families.push_back(ProcessFamily("process_open_fds", "Number of open file descriptors.",
-                                     MetricType::Gauge, static_cast<double>(process->open_fds)));
-    families.push_back(ProcessFamily("process_max_fds", "Maximum number of open file descriptors.",
-                                     MetricType::Gauge, static_cast<double>(process->max_fds)));
+    families.push_back(OneSampleFamily("process_cpu_seconds_total",
+                                       "Total user and system CPU time spent in seconds.",
+                                       MetricType::Counter, process->cpu_seconds));
+    families.push_back(OneSampleFamily("process_resident_memory_bytes",
+                                       "Resident memory size in bytes.", MetricType::Gauge,
+                                       static_cast<double>(process->resident_bytes)));
+    families.push_back(OneSampleFamily("process_virtual_memory_bytes",
+                                       "Virtual memory size in bytes.", MetricType::Gauge,
+                                       static_cast<double>(process->virtual_bytes)));
+    families.push_back(OneSampleFamily("process_start_time_seconds",
+                                       "Start time of the process since unix epoch in seconds.",
+                                       MetricType::Gauge, process->start_time_seconds));
+    families.push_back(OneSampleFamily("process_open_fds", "Number of open file descriptors.",
+                                       MetricType::Gauge, static_cast<double>(process->open_fds)));
+    families.push_back(OneSampleFamily("process_max_fds",
+                                       "Maximum number of open file descriptors.",
+                                       MetricType::Gauge, static_cast<double>(process->max_fds)));
   }
   return prometheus::TextSerializer().Serialize(families);
 }

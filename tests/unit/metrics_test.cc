@@ -18,12 +18,14 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "proto/host_memory.h"
 #include "server/device/identity.h"
 #include "server/metrics/build_info.h"
 #include "server/metrics/process_stats.h"
@@ -369,6 +371,21 @@ TEST(ProcessStatsTest, ReadsThisProcess) {
   EXPECT_GT(after->start_time_seconds, now - 600) << "this test started over 10 minutes ago?";
   EXPECT_GT(after->resident_bytes, 1 << 20);
   EXPECT_GE(after->virtual_bytes, after->resident_bytes);
+}
+
+TEST(MetricsTest, ScrapeExportsTheHostMemoryKeptForLargeTensors) {
+  LargeStringCache& cache = LargeStringCache::Default();
+  cache.SetCapacity(int64_t{1} << 30);
+  std::string buffer;
+  buffer.reserve(LargeStringCache::kMinBytes);
+  cache.Give(std::move(buffer));
+  Metrics metrics;
+  const std::string text = metrics.Scrape();
+  EXPECT_TRUE(absl::StrContains(text, "# TYPE gpucompute_host_kept_bytes gauge\n"));
+  EXPECT_EQ(Sample(text, "gpucompute_host_kept_bytes"), double(cache.kept_bytes()));
+  EXPECT_GE(Sample(text, "gpucompute_host_kept_bytes"), double(LargeStringCache::kMinBytes));
+  cache.SetCapacity(0);
+  EXPECT_EQ(Sample(metrics.Scrape(), "gpucompute_host_kept_bytes"), 0);
 }
 
 TEST(MetricsTest, ScrapeExportsTheProcessStats) {
