@@ -27,6 +27,23 @@
 
 namespace gpucompute {
 
+// Whether this build allocates with glibc's malloc. A sanitizer build
+// (AddressSanitizer, ThreadSanitizer, MemorySanitizer) replaces it with the
+// sanitizer's own, to which glibc's settings, statistics and trimming do not
+// apply, and which keeps freed memory of its own (quarantine, shadow).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kGlibcMalloc = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+inline constexpr bool kGlibcMalloc = false;
+#else
+inline constexpr bool kGlibcMalloc = true;
+#endif
+#else
+inline constexpr bool kGlibcMalloc = true;
+#endif
+
 // Serves every allocation from `arenas` heaps (glibc arenas) and keeps up to
 // `retain_bytes` of freed memory for reuse (no mmap for large blocks, the
 // trim threshold at `retain_bytes`), so that messages reuse memory already

@@ -1,17 +1,20 @@
 #include "tests/integration/requests.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 
 namespace gpucompute::testing {
 std::mt19937_64& Rng() {
-  static std::mt19937_64* rng = [] {
-    uint64_t seed =
+  static const uint64_t seed = [] {
+    const auto now =
         static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
-    std::printf("random seed %llu\n", static_cast<unsigned long long>(seed));
-    return new std::mt19937_64(seed);
+    std::printf("random seed %llu\n", static_cast<unsigned long long>(now));
+    return now;
   }();
-  return *rng;
+  static std::atomic<uint64_t> threads{0};
+  thread_local std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * threads.fetch_add(1));
+  return rng;
 }
 
 v1::GemmRequest MakeGemm(v1::DType dtype, const GemmCase& c) {

@@ -14,8 +14,11 @@
 
 namespace gpucompute::testing {
 
-// A generator seeded from the clock: fresh inputs every run. The seed is
-// printed by the first call so that a failure can be replayed.
+// The calling thread's generator, seeded from the clock: fresh inputs every
+// run. The seed is printed by the first call so that a failure can be
+// replayed; the first thread to call draws from that seed, each further
+// thread (tests call from several at once) from the seed and the order in
+// which it first called.
 std::mt19937_64& Rng();
 
 inline constexpr v1::DType kAllDTypes[] = {v1::FLOAT32, v1::FLOAT16, v1::BFLOAT16};

@@ -19,6 +19,11 @@
 namespace gpucompute {
 namespace {
 
+// The tests of glibc's allocator settings, statistics and trimming are
+// skipped where a sanitizer's allocator replaces it.
+#define SKIP_WITHOUT_GLIBC_ALLOCATOR() \
+  if (!kGlibcMalloc) GTEST_SKIP() << "a sanitizer's allocator replaces glibc's here"
+
 TEST(HostMemoryTest, RefusesRetainedBytesOutOfRange) {
   EXPECT_TRUE(absl::IsInvalidArgument(KeepFreedHostMemory(-1)));
   EXPECT_TRUE(absl::IsInvalidArgument(KeepFreedHostMemory(int64_t{1} << 31)));
@@ -26,10 +31,8 @@ TEST(HostMemoryTest, RefusesRetainedBytesOutOfRange) {
 }
 
 TEST(HostMemoryTest, LargeBlocksComeFromTheHeapAndStayForReuse) {
+  SKIP_WITHOUT_GLIBC_ALLOCATOR();
   const absl::Status status = KeepFreedHostMemory(INT32_MAX);
-  if (absl::IsInternal(status) && mallopt(M_ARENA_MAX, 1) != 1) {
-    GTEST_SKIP() << "this allocator takes no mallopt settings (a sanitizer build)";
-  }
   ASSERT_TRUE(status.ok()) << status;
   constexpr size_t kBytes = size_t{64} << 20;  // past glibc's largest mmap threshold
   std::thread worker([kBytes] {
@@ -52,9 +55,7 @@ TEST(HostMemoryTest, LargeBlocksComeFromTheHeapAndStayForReuse) {
 // every time (without the top pad, a third of the bytes were, on the development
 // machine). In a child process, since the arena count is the process's.
 TEST(HostMemoryTest, FurtherArenasKeepTheirHeaps) {
-  if (mallopt(M_ARENA_MAX, 1) != 1) {
-    GTEST_SKIP() << "this allocator takes no mallopt settings (a sanitizer build)";
-  }
+  SKIP_WITHOUT_GLIBC_ALLOCATOR();
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
@@ -95,6 +96,7 @@ TEST(HostMemoryTest, FurtherArenasKeepTheirHeaps) {
 }
 
 TEST(HostMemoryTest, TheTrimmerGivesBackFreedMemoryBeyondTheRetention) {
+  SKIP_WITHOUT_GLIBC_ALLOCATOR();
   // Freed blocks below one still in use: the heap cannot shrink from its
   // top, so they stay resident until trimmed.
   constexpr size_t kBlock = size_t{8} << 20;
@@ -200,9 +202,7 @@ TEST(LargeStringCacheTest, SmallTakesAreFreshAndCarryNothingOver) {
 // in again; one taken from and given back to the cache is not. In a child
 // process, since the arena count is the process's.
 TEST(LargeStringCacheTest, BuffersLargerThanAnArenaHeapAreNotFaultedInAgain) {
-  if (mallopt(M_ARENA_MAX, 1) != 1) {
-    GTEST_SKIP() << "this allocator takes no mallopt settings (a sanitizer build)";
-  }
+  SKIP_WITHOUT_GLIBC_ALLOCATOR();
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
