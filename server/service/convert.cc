@@ -207,8 +207,9 @@ absl::StatusOr<grpc::ByteBuffer> EncodeAnswer(google::protobuf::Message* message
     return absl::InternalError(absl::StrCat("encoding the answer: it is ", bytes,
                                             " bytes, more than a gRPC message carries (2 GiB)"));
   }
-  if (static_cast<int64_t>(bytes) < wire::kDefaultMinExternalBytes)
+  if (static_cast<int64_t>(bytes) < wire::kDefaultMinExternalBytes) {
     return wire::Serialize(*message);
+  }
   std::vector<wire::Attachment> attachments;
   const google::protobuf::FieldDescriptor* data =
       v1::Tensor::descriptor()->FindFieldByNumber(v1::Tensor::kDataFieldNumber);
