@@ -121,6 +121,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "gemm_tc_common.cuh"
@@ -145,15 +146,24 @@ enum class Rung {
   kWgmmaSplitK,
   kWgmmaPacked,
   kWgmmaSplitK128,
-  kWgmmaSplitK64
+  kWgmmaSplitK64,
+  kWgmmaSplitK32,
+  kWgmmaSplitK16
 };
 
-constexpr const char* kRungNames[] = {
-    "mma_sync",           "wgmma_tma",     "wgmma_ws",
-    "wgmma_persistent",   "wgmma_cluster", "wgmma_cluster_persistent",
-    "wgmma_splitk",       "wgmma_packed",  "wgmma_splitk_128x128",
-    "wgmma_splitk_128x64"};
-constexpr int kNumRungs = 10;
+constexpr const char* kRungNames[] = {"mma_sync",
+                                      "wgmma_tma",
+                                      "wgmma_ws",
+                                      "wgmma_persistent",
+                                      "wgmma_cluster",
+                                      "wgmma_cluster_persistent",
+                                      "wgmma_splitk",
+                                      "wgmma_packed",
+                                      "wgmma_splitk_128x128",
+                                      "wgmma_splitk_128x64",
+                                      "wgmma_splitk_128x32",
+                                      "wgmma_splitk_128x16"};
+constexpr int kNumRungs = 12;
 
 bool ParseRung(std::string_view name, Rung* rung) {
   for (int i = 0; i < kNumRungs; ++i)
@@ -245,9 +255,70 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m, bool c_trans
   return p;
 }
 
+// The tile width a split-K variant names; 0 where the plan chooses.
+int RungWidth(Rung rung) {
+  switch (rung) {
+    case Rung::kWgmmaSplitK128:
+      return 128;
+    case Rung::kWgmmaSplitK64:
+      return 64;
+    case Rung::kWgmmaSplitK32:
+      return 32;
+    case Rung::kWgmmaSplitK16:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
 bool IsSplitK(Rung rung) {
   return rung == Rung::kWgmmaSplitK || rung == Rung::kWgmmaSplitK128 ||
-         rung == Rung::kWgmmaSplitK64;
+         rung == Rung::kWgmmaSplitK64 || rung == Rung::kWgmmaSplitK32 ||
+         rung == Rung::kWgmmaSplitK16;
+}
+
+// How many clusters of 2-8 CTAs of the split-K kernel (one CTA per SM: all
+// its tile configurations take ~216 KB of shared memory) the current device
+// holds at once, asked once per device.
+GemmClusterFit SplitKClusterFit() {
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static GemmClusterFit fits[kMaxDevices];
+  static bool known[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (known[dev]) return fits[dev];
+  using Cfg = tc::WgmmaConfig<2, 4>;
+  auto* kernel = &tc::WgmmaWsKernel<__nv_bfloat16, false, true, 1, Cfg, true>;
+  GemmClusterFit fit;
+  if (cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           Cfg::kSmemBytes) == cudaSuccess) {
+    for (int s = 2; s <= kGemmMaxClusterSplits; ++s) {
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = s;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(s);
+      config.blockDim = dim3(384);
+      config.dynamicSmemBytes = Cfg::kSmemBytes;
+      config.attrs = attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess)
+        fit.clusters[s] = clusters;
+    }
+  }
+  (void)cudaGetLastError();
+  fits[dev] = fit;
+  known[dev] = true;
+  return fit;
 }
 
 // The tile width, K split and orientation of the split-K kernel for `rung`
@@ -258,10 +329,15 @@ bool IsSplitK(Rung rung) {
 GemmTilePlan PlanSplitK(const GemmArgs& a, Rung rung, bool c_trans) {
   const int64_t kbk = 128 / static_cast<int64_t>(DTypeSize(a.ab_type));
   const int64_t kblocks = CeilDiv(std::max<int64_t>(a.k, 1), kbk);
-  const int only_bn = rung == Rung::kWgmmaSplitK128 ? 128 : rung == Rung::kWgmmaSplitK64 ? 64 : 0;
+  const int only_bn = RungWidth(rung);
   const bool swappable = !c_trans && (a.ab_type != DType::kF32 || !a.trans_a);
+  // Thin tiles read B K-major: op(B) as it lies with trans_b, swapped op(A)^T
+  // with A K-major.
+  const unsigned thin =
+      (a.trans_b ? kGemmThinUnswapped : 0u) | (!a.trans_a ? kGemmThinSwapped : 0u);
+  const GemmClusterFit fit = SplitKClusterFit();
   return ChooseWgmmaTilePlan(a.m, a.n, kblocks, std::max<int64_t>(a.batch, 1), SmCount(), only_bn,
-                             /*allow_swap=*/only_bn == 0 && swappable);
+                             /*allow_swap=*/only_bn == 0 && swappable, &fit, thin);
 }
 
 // The problem C^T = op(B)^T op(A)^T, written into the same C transposed.
@@ -287,7 +363,7 @@ bool Tf32RunsTransposed(const GemmArgs& a) {
 }
 
 size_t SplitWorkspaceBytes(const GemmArgs& a, const GemmTilePlan& plan) {
-  if (plan.splits <= 1) return 0;
+  if (plan.splits <= 1 || plan.cluster) return 0;
   return sizeof(float) * size_t(plan.splits) * size_t(a.batch) * size_t(a.m) * size_t(a.n);
 }
 
@@ -501,17 +577,40 @@ cudaError_t LaunchWs(const GemmArgs& a, const CUtensorMap& map_a, const CUtensor
                      Rung rung, void* workspace, cudaStream_t stream, bool c_trans) {
   const bool persistent = rung == Rung::kWgmmaPersistent || IsSplitK(rung);
   TcParams p = MakeParams(a, Cfg::kBM, Cfg::kBN, persistent ? 16 : 1, c_trans);
-  if (IsSplitK(rung) && workspace != nullptr) {
+  bool cluster_split = false;
+  if (IsSplitK(rung)) {
     const GemmTilePlan plan = PlanSplitK(a, rung, c_trans);
-    p.splits = plan.splits;
-    p.kb_per_split = plan.kb_per_split;
-    p.partials = static_cast<float*>(workspace);
+    if (plan.cluster || workspace != nullptr) {
+      p.splits = plan.splits;
+      p.kb_per_split = plan.kb_per_split;
+      p.partials = static_cast<float*>(workspace);
+      cluster_split = plan.cluster && plan.splits > 1;
+    }
   }
   const int64_t units = p.tiles * p.splits;
-  const int64_t grid =
-      persistent ? std::min<int64_t>(units, SmCount()) : std::min<int64_t>(units, INT_MAX);
+  if (cluster_split) {
+    // One CTA per unit, the ranges of a tile as one cluster (the plan made
+    // sure that every cluster is resident at once); they add up in the kernel.
+    auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1, Cfg, true>;
+    if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(p.splits);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(units));
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = Cfg::kSmemBytes;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p);
+  }
   auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1, Cfg>;
   if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
+  const int64_t grid =
+      persistent ? std::min<int64_t>(units, SmCount()) : std::min<int64_t>(units, INT_MAX);
   kernel<<<static_cast<unsigned>(grid), 384, Cfg::kSmemBytes, stream>>>(map_a, map_b, p);
   if (p.splits <= 1) return cudaGetLastError();
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
@@ -598,6 +697,16 @@ cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStre
       case 64:
         return LaunchWs<T, kTA, kTB, tc::WgmmaConfig<2, 8, 64>>(a, map_a, map_b, rung, workspace,
                                                                 stream, c_trans);
+      case 32:
+        if constexpr (kTB)
+          return LaunchWs<T, kTA, kTB, tc::WgmmaConfig<2, 10, 32>>(a, map_a, map_b, rung, workspace,
+                                                                   stream, c_trans);
+        return cudaErrorInvalidValue;  // the plan gives thin tiles to K-major B only
+      case 16:
+        if constexpr (kTB)
+          return LaunchWs<T, kTA, kTB, tc::WgmmaConfig<2, 11, 16>>(a, map_a, map_b, rung, workspace,
+                                                                   stream, c_trans);
+        return cudaErrorInvalidValue;
       default:
         break;
     }
@@ -700,6 +809,9 @@ Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant) {
   }
   if (rung == Rung::kWgmmaTma && Tf32RunsTransposed(args))
     return Support::No("wgmma_tma does not write C^T: tf32 needs trans_a or trans_b");
+  if ((rung == Rung::kWgmmaSplitK32 || rung == Rung::kWgmmaSplitK16) &&
+      !(Tf32RunsTransposed(args) || args.trans_b))
+    return Support::No("thin tiles read B K-major: " + std::string(variant) + " needs trans_b");
   return CheckTma(args);
 }
 
@@ -726,7 +838,8 @@ size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
 
 cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,
                          cudaStream_t stream) {
-  // wgmma_splitk without its workspace runs as one range (wgmma_persistent);
+  // wgmma_splitk without its workspace runs a cluster split where its plan
+  // has one (no partials to keep), else as one range (wgmma_persistent);
   // wgmma_packed needs its workspace when it copies an operand.
   if (!CanImplementGemmTc(args, variant)) return cudaErrorInvalidValue;
   if (args.m == 0 || args.n == 0 || args.batch == 0) return cudaSuccess;

@@ -45,6 +45,9 @@ struct TcParams {
   // * m * n (dense [batch][m][n]), which SplitKReduceKernel adds up into C.
   int splits = 1;
   int kb_per_split = 0;
+  // (With WgmmaWsKernel's kClusterSplit, 2-8 ranges of a tile run as one
+  // thread block cluster instead and add up through distributed shared
+  // memory: no partials, no second kernel.)
   float* partials = nullptr;
 };
 

@@ -80,9 +80,27 @@ __device__ __forceinline__ void MbarArriveCluster(uint32_t bar, uint32_t cta) {
       : "memory");
 }
 
+// The address in CTA `cta`'s shared memory of this CTA's shared address
+// `addr` (distributed shared memory).
+__device__ __forceinline__ uint32_t MapaShared(uint32_t addr, uint32_t cta) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(cta));
+  return r;
+}
+
+// Four floats at a cluster shared address (MapaShared), 16-byte aligned.
+__device__ __forceinline__ float4 LdSharedCluster4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 // --- wgmma --------------------------------------------------------------------
 
-// One m64nN k-step (N = 256, 128 or 64) for the operand type T: D[64 x N]
+// One m64nN k-step (N = 256, 128, 64, 32 or 16) for the operand type T: D[64 x N]
 // (fp32, N / 2 registers a thread) += A[64 x K] * B[K x N], both operands
 // read from shared memory through descriptors; K = 16 for bf16 and fp16, 8
 // for tf32 (T = float). kTransA = 1: A is M-major; kTransB = 1: B is N-major
@@ -121,17 +139,23 @@ __device__ __forceinline__ void WgmmaM64N(float (&d)[kN / 2], uint64_t desc_a, u
   } else if constexpr (kN == 128) {
     GC_GEMM_WGMMA_WIDTH("m64n128k16", "m64n128k8", GC_WGMMA_D64, GC_WGMMA_ACC64, "%64", "%65",
                         "%66", "%67", "%68")
-  } else {
-    static_assert(kN == 64, "tile widths of the wgmma rungs: 256, 128, 64");
+  } else if constexpr (kN == 64) {
     GC_GEMM_WGMMA_WIDTH("m64n64k16", "m64n64k8", GC_WGMMA_D32, GC_WGMMA_ACC32, "%32", "%33", "%34",
                         "%35", "%36")
+  } else if constexpr (kN == 32) {
+    GC_GEMM_WGMMA_WIDTH("m64n32k16", "m64n32k8", GC_WGMMA_D16, GC_WGMMA_ACC16, "%16", "%17", "%18",
+                        "%19", "%20")
+  } else {
+    static_assert(kN == 16, "tile widths of the wgmma rungs: 256, 128, 64, 32, 16");
+    GC_GEMM_WGMMA_WIDTH("m64n16k16", "m64n16k8", GC_WGMMA_D8, GC_WGMMA_ACC8X, "%8", "%9", "%10",
+                        "%11", "%12")
   }
 }
 #undef GC_GEMM_WGMMA_WIDTH
 #undef GC_GEMM_WGMMA_TF32
 #undef GC_GEMM_WGMMA_16BIT
 
-// One tf32 m64nNk8 k-step (N = 256, 128 or 64) with A from registers: D[64 x
+// One tf32 m64nNk8 k-step (N = 256, 128, 64, 32 or 16) with A from registers: D[64 x
 // N] += A[64 x 8] * B[8 x N], B K-major in shared memory through `desc_b`.
 // Thread l of warp w holds A's (r, c), (r + 8, c), (r, c + 4), (r + 8, c + 4)
 // in a[0..3], r = 16 w + l / 4, c = l % 4 (the m16n8k8 tf32 layout per warp;
@@ -152,10 +176,16 @@ __device__ __forceinline__ void WgmmaM64NTf32Rs(float (&d)[kN / 2], const uint32
   } else if constexpr (kN == 128) {
     GC_GEMM_WGMMA_TF32_RS("m64n128k8", GC_WGMMA_D64, GC_WGMMA_ACC64, "%64, %65, %66, %67", "%68",
                           "%69");
-  } else {
-    static_assert(kN == 64, "tile widths of the wgmma rungs: 256, 128, 64");
+  } else if constexpr (kN == 64) {
     GC_GEMM_WGMMA_TF32_RS("m64n64k8", GC_WGMMA_D32, GC_WGMMA_ACC32, "%32, %33, %34, %35", "%36",
                           "%37");
+  } else if constexpr (kN == 32) {
+    GC_GEMM_WGMMA_TF32_RS("m64n32k8", GC_WGMMA_D16, GC_WGMMA_ACC16, "%16, %17, %18, %19", "%20",
+                          "%21");
+  } else {
+    static_assert(kN == 16, "tile widths of the wgmma rungs: 256, 128, 64, 32, 16");
+    GC_GEMM_WGMMA_TF32_RS("m64n16k8", GC_WGMMA_D8, GC_WGMMA_ACC8X, "%8, %9, %10, %11", "%12",
+                          "%13");
   }
 }
 #undef GC_GEMM_WGMMA_TF32_RS

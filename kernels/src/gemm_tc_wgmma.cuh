@@ -40,7 +40,7 @@ struct WgmmaConfig {
   static constexpr int kConsumers = kConsumers_;    // consumer warpgroups, 64 rows each
   static constexpr int kStages = kStages_;          // TMA ring depth
   static constexpr int kBM = 64 * kConsumers;       // (BLOCK_M)
-  static constexpr int kBN = kBN_;                  // (BLOCK_N) 256, 128 or 64
+  static constexpr int kBN = kBN_;                  // (BLOCK_N) 256, 128, 64, 32 or 16
   static constexpr int kAcc = kBN / 2;              // accumulators per consumer thread
   static constexpr int kRowBytes = 128;             // (row, 128 bytes of K) per stage
   static constexpr int kKSteps = kRowBytes / 32;    // wgmma k-steps of 32 bytes per stage
@@ -57,7 +57,15 @@ struct WgmmaConfig {
   static constexpr int kSmemBytes =
       kStages * kStageBytes + kEpiBytes + 2 * kStages * 8 + 1024;  // + align
   static_assert(kStageBytes % 1024 == 0, "swizzle atoms stay 1024-byte aligned");
-  static_assert(kBN % 64 == 0, "the epilogue walks whole 64-column chunks");
+  // Thin tiles (32 or 16 columns: a few tokens against a weight, as C^T)
+  // load B K-major only and write C from the fragments; the staged
+  // epilogues walk whole 64-column chunks.
+  static constexpr bool kThin = kBN < 64;
+  static_assert(kBN % 64 == 0 || kBN == 32 || kBN == 16, "tile widths: 256, 128, 64, 32, 16");
+  // Cluster split-K (WgmmaWsKernel's kClusterSplit): the tile's fp32 sums, rows
+  // kRedLd floats apart (conflict-free 8-byte fragment writes), in the ring.
+  static constexpr int kRedLd = kBN + 8;
+  static_assert(kBM * kRedLd * 4 <= kStages * kStageBytes, "the sums fit the TMA ring");
   static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory per block");
 };
 
@@ -72,6 +80,7 @@ template <typename T, bool kTransA, bool kTransB, typename Cfg, int kCluster = 1
 __device__ __forceinline__ void IssueStage(const CUtensorMap* map_a, const CUtensorMap* map_b,
                                            uint32_t sa, uint32_t sb, uint32_t full, int kb,
                                            int m0, int n0, int ba, int bb, int rank = 0) {
+  static_assert(kTransB || !Cfg::kThin, "thin tiles load B K-major");
   constexpr int kBK = Cfg::kRowBytes / sizeof(T);
   sm90::MbarArriveExpectTx(full, Cfg::kStageBytes);  // all of A and both halves of B
   if constexpr (kTransA && std::is_same_v<T, float>) {
@@ -466,6 +475,17 @@ template <typename T, typename Cfg>
 __device__ __forceinline__ void ConsumerEpilogue(const TcParams& p, int bi, int row0, int col0,
                                                  float (&d)[Cfg::kAcc], float* buf, int bar_id) {
   if (row0 >= p.m) return;  // uniform over the warpgroup
+  if constexpr (Cfg::kThin) {  // C small: from the fragments
+    if (p.c_trans) {
+      if (p.c_type == 0)
+        TransposedEpilogue(p, BatchC<float>(p, bi), row0, col0, d);
+      else if constexpr (!std::is_same_v<T, float>)
+        TransposedEpilogue(p, BatchC<T>(p, bi), row0, col0, d);
+    } else {
+      Epilogue<T>(p, bi, row0, col0, d);
+    }
+    return;
+  }
   if (p.c_trans && (p.beta != 0.f || p.c_type == 0)) {
     if (p.c_type == 0)
       TransposedEpilogue(p, BatchC<float>(p, bi), row0, col0, d);
@@ -488,6 +508,102 @@ __device__ __forceinline__ void ConsumerEpilogue(const TcParams& p, int bi, int 
     }
   }
   Epilogue<T>(p, bi, row0, col0, d);
+}
+
+// Unit `unit` of the split-K walk -> (tile, K range): ranges outermost, or
+// with kClusterSplit the ranges of a tile adjacent (one cluster).
+template <bool kClusterSplit>
+__device__ __forceinline__ void DecodeUnit(const TcParams& p, int64_t unit, int64_t& tile,
+                                           int& split) {
+  if constexpr (kClusterSplit) {
+    tile = unit / p.splits;
+    split = static_cast<int>(unit % p.splits);
+  } else {
+    tile = unit % p.tiles;
+    split = static_cast<int>(unit / p.tiles);
+  }
+}
+
+// C[i, j] (C^T's with c_trans) = alpha * v + beta * C for an element inside C.
+template <typename Tc>
+__device__ __forceinline__ void PutC(const TcParams& p, Tc* c, int i, int j, float v) {
+  Tc* dst =
+      c + (p.c_trans ? static_cast<int64_t>(j) * p.ldc + i : static_cast<int64_t>(i) * p.ldc + j);
+  v *= p.alpha;
+  if (p.beta != 0.f) v = fmaf(p.beta, ToFloat(*dst), v);
+  *dst = FromFloat<Tc>(v);
+}
+
+// Cluster split-K, after every CTA of the cluster has put its K range's sums
+// of the 128 x kBN tile at (m0, n0) into its ring (`red`, rows kRedLd floats
+// apart) and the cluster has synced: CTA `rank` of `splits` adds up its share
+// of the tile's 4-column pieces over every CTA's sums (distributed shared
+// memory) and writes them to C. Run by the 256 consumer threads; pieces are
+// numbered so that adjacent threads write adjacent elements of C (adjacent
+// rows of the tile for C^T).
+template <typename Tc, typename Cfg>
+__device__ __forceinline__ void ClusterReduce(const TcParams& p, Tc* c, int m0, int n0,
+                                              uint32_t red, int rank, int splits) {
+  constexpr int kPieces = Cfg::kBM * (Cfg::kBN / 4);
+  const int t = threadIdx.x - 128;
+  uint32_t remote[8];
+#pragma unroll
+  for (int s = 0; s < 8; ++s) remote[s] = s < splits ? MapaShared(red, s) : 0;
+  const int first = rank * kPieces / splits, last = (rank + 1) * kPieces / splits;
+  // kBatch pieces a thread at a time, all their loads issued before the sums
+  // wait on them (one piece at a time waited ~the DSMEM latency per piece:
+  // 128 x 128 tiles in two ranges ran 2.5 us slower than the partials).
+  constexpr int kBatch = 4;
+  for (int q0 = first + t; q0 < last; q0 += 256 * kBatch) {
+    float4 v[kBatch];
+    uint32_t off[kBatch];
+    int row[kBatch], col[kBatch];
+    bool live[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int q = q0 + 256 * u;
+      const int r = p.c_trans ? q % Cfg::kBM : q / (Cfg::kBN / 4);
+      const int cq = p.c_trans ? q / Cfg::kBM : q % (Cfg::kBN / 4);
+      row[u] = m0 + r;
+      col[u] = n0 + 4 * cq;
+      live[u] = q < last && row[u] < p.m && col[u] < p.n;
+      off[u] = (r * Cfg::kRedLd + 4 * cq) * 4;
+      v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      if (s >= splits) break;
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (!live[u]) continue;
+        const float4 w = LdSharedCluster4(remote[s] + off[u]);
+        v[u].x += w.x;
+        v[u].y += w.y;
+        v[u].z += w.z;
+        v[u].w += w.w;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (!live[u]) continue;
+      const int i = row[u], j = col[u];
+      if (!p.c_trans && p.beta == 0.f && p.c_vec && j + 4 <= p.n) {
+        // C's rows on 16 bytes and j a multiple of 4: 4 elements in one store.
+        alignas(16) Tc out[4] = {FromFloat<Tc>(p.alpha * v[u].x), FromFloat<Tc>(p.alpha * v[u].y),
+                                 FromFloat<Tc>(p.alpha * v[u].z), FromFloat<Tc>(p.alpha * v[u].w)};
+        Tc* dst = c + static_cast<int64_t>(i) * p.ldc + j;
+        if constexpr (sizeof(Tc) == 4)
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+        else
+          *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
+        continue;
+      }
+      const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (j + k < p.n) PutC(p, c, i, j + k, e[k]);
+    }
+  }
 }
 
 __device__ __forceinline__ uint32_t AlignedSmemBase(unsigned char* raw) {
@@ -559,11 +675,20 @@ __global__ void __launch_bounds__(128, 1)
 // tile column and share B through TMA multicast; a stage may be refilled only
 // when the consumers of both CTAs have released it, so every consumer warp
 // arrives on the "empty" barrier of both CTAs.
-template <typename T, bool kTransA, bool kTransB, int kCluster, typename Cfg = WgmmaConfig<2, 4>>
+//
+// With kClusterSplit (split-K of 2-8 ranges, kCluster == 1) the grid holds
+// every unit once, CTA r of each cluster of p.splits on K range r of the
+// cluster's tile, and the ranges add up through distributed shared memory
+// (ClusterReduce): no partials, no second kernel. Its own instantiation, so
+// that the other kernels' code stays as it was (with the reduction compiled
+// in but not run, the small-K and tf32 cases ran 5-8% slower on an H100).
+template <typename T, bool kTransA, bool kTransB, int kCluster, typename Cfg = WgmmaConfig<2, 4>,
+          bool kClusterSplit = false>
 __global__ void __launch_bounds__(384, 1)
     WgmmaWsKernel(const __grid_constant__ CUtensorMap map_a,
                   const __grid_constant__ CUtensorMap map_b, const TcParams p) {
   static_assert(Cfg::kConsumers == 2, "one producer and two consumer warpgroups");
+  static_assert(!kClusterSplit || kCluster == 1, "a cluster split shares no B tile");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = AlignedSmemBase(smem_raw);
   // [stages][epilogue buffers][full barriers][empty barriers]
@@ -601,9 +726,11 @@ __global__ void __launch_bounds__(384, 1)
     if (threadIdx.x == 0) {
       uint32_t it = 0;
       for (int64_t unit = first; unit < units; unit += step) {
-        int bi, tm, tn;
-        DecodeTile(p, unit % p.tiles, bi, tm, tn);
-        const int kb0 = static_cast<int>(unit / p.tiles) * kb_per_unit;
+        int64_t tile;
+        int split, bi, tm, tn;
+        DecodeUnit<kClusterSplit>(p, unit, tile, split);
+        DecodeTile(p, tile, bi, tm, tn);
+        const int kb0 = split * kb_per_unit;
         const int kb1 = min(kblocks, kb0 + kb_per_unit);
         const int m0 = (tm * kCluster + rank) * Cfg::kBM, n0 = tn * Cfg::kBN;
         const int ba = bi * p.a_batched, bb = bi * p.b_batched;
@@ -614,6 +741,11 @@ __global__ void __launch_bounds__(384, 1)
                                                          full + 8 * s, kb, m0, n0, ba, bb, rank);
         }
       }
+    }
+    if constexpr (kClusterSplit) {  // the consumers' two cluster barriers (one unit a CTA)
+      __syncwarp();
+      ClusterSync();
+      ClusterSync();
     }
   } else {
     sm90::SetMaxRegistersInc<232>();
@@ -630,9 +762,10 @@ __global__ void __launch_bounds__(384, 1)
     };
     uint32_t it = 0;
     for (int64_t unit = first; unit < units; unit += step) {
-      int bi, tm, tn;
-      DecodeTile(p, unit % p.tiles, bi, tm, tn);
-      const int split = static_cast<int>(unit / p.tiles);
+      int64_t tile;
+      int split, bi, tm, tn;
+      DecodeUnit<kClusterSplit>(p, unit, tile, split);
+      DecodeTile(p, tile, bi, tm, tn);
       const int kb0 = split * kb_per_unit, kb1 = min(kblocks, kb0 + kb_per_unit);
       const int row0 = (tm * kCluster + rank) * Cfg::kBM + consumer * 64, col0 = tn * Cfg::kBN;
       if (p.beta != 0.f && p.splits == 1 && !p.c_trans) PrefetchC<Cfg::kBN>(p, bi, row0, col0);
@@ -666,7 +799,31 @@ __global__ void __launch_bounds__(384, 1)
         if (arriver) release((it - 1) % Cfg::kStages);
       }
       sm90::FenceRegisters(d);
-      if (p.splits > 1) {  // this range's fp32 sums, dense, alpha and beta later
+      if constexpr (kClusterSplit) {
+        // This range's sums into the ring once both consumers' wgmma have read
+        // it (named barrier 3 over their 256 threads), then the tile's sum
+        // over the cluster (ClusterReduce) between two cluster barriers: the
+        // first publishes every CTA's sums, the second keeps them until all
+        // are read.
+        asm volatile("bar.sync 3, 256;" ::: "memory");
+        float* const red = reinterpret_cast<float*>(smem_raw + (base - SmemAddr(smem_raw)));
+        const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+        const int fr = consumer * 64 + warp * 16 + lane / 4, fc = 2 * (lane % 4);
+#pragma unroll
+        for (int i = 0; i < Cfg::kAcc / 4; ++i) {
+          *reinterpret_cast<float2*>(red + fr * Cfg::kRedLd + 8 * i + fc) =
+              make_float2(d[4 * i], d[4 * i + 1]);
+          *reinterpret_cast<float2*>(red + (fr + 8) * Cfg::kRedLd + 8 * i + fc) =
+              make_float2(d[4 * i + 2], d[4 * i + 3]);
+        }
+        ClusterSync();
+        const int m0 = tm * Cfg::kBM, cr = static_cast<int>(ClusterCtaRank());
+        if (p.c_type == 0)
+          ClusterReduce<float, Cfg>(p, BatchC<float>(p, bi), m0, col0, base, cr, p.splits);
+        else if constexpr (!std::is_same_v<T, float>)
+          ClusterReduce<T, Cfg>(p, BatchC<T>(p, bi), m0, col0, base, cr, p.splits);
+        ClusterSync();
+      } else if (p.splits > 1) {  // this range's fp32 sums, dense, alpha and beta later
         TcParams q = p;
         q.c = p.partials + int64_t(split) * p.batch * p.m * p.n;
         q.ldc = p.n;

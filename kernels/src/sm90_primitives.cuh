@@ -215,6 +215,8 @@ __device__ __forceinline__ uint64_t SmemDescAdvance(uint64_t desc, uint32_t byte
 // "{%0, %1, ..., %<N-1>}" of an m64nNk* instruction's fp32 accumulators, and
 // GC_WGMMA_ACC<N>(d) the matching read-write operands d[0..N-1] (the asm's
 // first N outputs). GC_WGMMA_OP spells the instruction up to its accumulators.
+#define GC_WGMMA_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define GC_WGMMA_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define GC_WGMMA_D32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -257,6 +259,8 @@ __device__ __forceinline__ uint64_t SmemDescAdvance(uint64_t desc, uint32_t byte
 #define GC_WGMMA_ACC8(d, i)                                                                   \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
+#define GC_WGMMA_ACC8X(d) GC_WGMMA_ACC8(d, 0)
+#define GC_WGMMA_ACC16(d) GC_WGMMA_ACC8(d, 0), GC_WGMMA_ACC8(d, 8)
 #define GC_WGMMA_ACC32(d) \
   GC_WGMMA_ACC8(d, 0), GC_WGMMA_ACC8(d, 8), GC_WGMMA_ACC8(d, 16), GC_WGMMA_ACC8(d, 24)
 #define GC_WGMMA_ACC88(d) \

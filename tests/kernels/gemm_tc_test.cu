@@ -272,6 +272,8 @@ std::vector<Case> AllCases() {
                                              "wgmma_packed",
                                              "wgmma_splitk_128x128",
                                              "wgmma_splitk_128x64",
+                                             "wgmma_splitk_128x32",
+                                             "wgmma_splitk_128x16",
                                              "ladder",
                                              "cublaslt",
                                              ""};
@@ -289,7 +291,9 @@ std::vector<Case> AllCases() {
   add({"", 300, 1, 136});       // N = 1
   add({"", 1000, 3000, 777});   // odd K: leading dimensions TMA cannot take
   add({"", 2056, 3080, 2072});  // many tiles, ragged edges, TMA-friendly
-  add({"", 256, 512, 8192});    // large K, few tiles: split-K into 32 ranges
+  add({"", 256, 512, 8192});    // large K, few tiles: split-K (ranges add up in a cluster)
+  add({"", 136, 200, 24576});   // longer K on two tiles: 64 ranges, partials and a second kernel
+  add({"", 200, 136, 400});     // 3 (16-bit) or 5 (tf32) ranges in a cluster
   add({"", 8, 4096, 4096});     // thin M against a wide B: split-K, swap-AB (C^T)
   add({"", 40, 2056, 1000});    // swap-AB, thin side not a multiple of 8
   {
@@ -392,9 +396,10 @@ GemmArgs SmallArgs() {
 
 TEST(GemmTcApi, ListsEveryRung) {
   const auto& v = kernels::GemmTcVariants();
-  for (const char* name : {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
-                           "wgmma_cluster_persistent", "wgmma_splitk", "wgmma_packed",
-                           "wgmma_splitk_128x128", "wgmma_splitk_128x64"})
+  for (const char* name :
+       {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
+        "wgmma_cluster_persistent", "wgmma_splitk", "wgmma_packed", "wgmma_splitk_128x128",
+        "wgmma_splitk_128x64", "wgmma_splitk_128x32", "wgmma_splitk_128x16"})
     EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
 }
 
@@ -472,6 +477,58 @@ TEST(GemmTilePlan, FillsTheSmsWithTheCheapestTile) {
   // A named width is kept.
   EXPECT_EQ(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 128).bn, 128);
   EXPECT_EQ(kernels::ChooseWgmmaTilePlan(128, 128, 2, 1, 132, 64).bn, 64);
+}
+
+TEST(GemmTilePlan, ClusterSplitsFitTheGpu) {
+  // With room for clusters, a split of few ranges adds up inside one cluster
+  // (no partials kernel): 16 rows against a 4096 x 4096 weight.
+  kernels::GemmClusterFit fit;
+  for (int s = 2; s <= kernels::kGemmMaxClusterSplits; ++s) fit.clusters[s] = 132 / s;
+  kernels::GemmTilePlan p = kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true, &fit);
+  EXPECT_TRUE(p.cluster);
+  EXPECT_TRUE(p.swap);
+  EXPECT_GE(p.splits, 2);
+  EXPECT_LE(p.splits, kernels::kGemmMaxClusterSplits);
+  EXPECT_GE(int64_t(p.splits) * p.kb_per_split, 64);
+  const int64_t tiles = (4096 / 128) * ((16 + p.bn - 1) / p.bn);
+  EXPECT_LE(tiles, fit.clusters[p.splits]);
+  // Only as many ranges as let every tile's cluster be resident at once.
+  const kernels::GemmTilePlan q =
+      kernels::PlanGemmSplitK(4096, 16, 64, 1, 64, 132, &fit);  // 32 tiles
+  EXPECT_TRUE(q.cluster);
+  EXPECT_EQ(q.splits, 4);
+  kernels::GemmClusterFit tight = fit;
+  tight.clusters[4] = 31;
+  tight.clusters[3] = 40;
+  EXPECT_EQ(kernels::PlanGemmSplitK(4096, 16, 64, 1, 64, 132, &tight).splits, 3);
+  // No room (or no fit given): the partials' split or none.
+  const kernels::GemmClusterFit none;
+  EXPECT_FALSE(kernels::PlanGemmSplitK(4096, 16, 64, 1, 64, 132, &none).cluster);
+  EXPECT_EQ(kernels::PlanGemmSplitK(4096, 16, 64, 1, 64, 132, &none).splits, 1);
+  EXPECT_FALSE(kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true).cluster);
+  // A very long K over few outputs keeps the many ranges of the partials'
+  // split: a cluster holds at most 8.
+  p = kernels::ChooseWgmmaTilePlan(128, 128, 1024, 1, 132, 0, false, &fit);
+  EXPECT_FALSE(p.cluster);
+  EXPECT_GT(p.splits, kernels::kGemmMaxClusterSplits);
+}
+
+TEST(GemmTilePlan, ThinTilesOnlyWhereBIsKMajor) {
+  // 16 rows against a 4096 x 4096 weight, swapped: one 16-column tile column
+  // where the swapped B (op(A)^T) is K-major, else 64 columns.
+  const unsigned both = kernels::kGemmThinUnswapped | kernels::kGemmThinSwapped;
+  kernels::GemmTilePlan p =
+      kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true, nullptr, both);
+  EXPECT_TRUE(p.swap);
+  EXPECT_EQ(p.bn, 16);
+  p = kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true, nullptr,
+                                   kernels::kGemmThinUnswapped);
+  EXPECT_GE(p.bn, 64);
+  // 32 rows: 32 columns; 64 rows and more: never thin unless named.
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(32, 4096, 64, 1, 132, 0, true, nullptr, both).bn, 32);
+  EXPECT_GE(kernels::ChooseWgmmaTilePlan(64, 4096, 64, 1, 132, 0, true, nullptr, both).bn, 64);
+  EXPECT_GE(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 0, true, nullptr, both).bn, 64);
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 32, false, nullptr, both).bn, 32);
 }
 
 TEST(GemmTilePlan, SwapsThinProblemsOnlyWhenAllowed) {

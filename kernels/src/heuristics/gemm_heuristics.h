@@ -104,33 +104,59 @@ struct GemmTileSpeed {
   int bn;
   double speed;  // throughput per column relative to 128 x 256 tiles
 };
-inline constexpr GemmTileSpeed kGemmTileSpeed[] = {{256, 1.0}, {128, 0.88}, {64, 0.67}};
+// Thin tiles (32 and 16 columns, B K-major only) are bound by their loads:
+// their speeds are 64 columns' cost per k-block scaled by the bytes a stage
+// holds (20 and 18 KB against 24).
+inline constexpr GemmTileSpeed kGemmTileSpeed[] = {
+    {256, 1.0}, {128, 0.88}, {64, 0.67}, {32, 0.40}, {16, 0.22}};
+// Which orientations may take thin tiles (ChooseWgmmaTilePlan's thin_sides):
+// those whose B (op(B), or op(A)^T swapped) is K-major.
+inline constexpr unsigned kGemmThinUnswapped = 1, kGemmThinSwapped = 2;
 inline constexpr double kGemmKBlockUs = 0.56;
 inline constexpr double kGemmSplitLaunchUs = 2.0;
 inline constexpr double kGemmHbmBytesPerUs = 3.0e6;
+// A split whose ranges add up inside one thread block cluster (2-8 CTAs,
+// through distributed shared memory): two cluster barriers and the sums'
+// reads instead of the partials' round trip through HBM and a second kernel.
+inline constexpr int kGemmMaxClusterSplits = 8;
+inline constexpr double kGemmClusterReduceUs = 1.0;
 
 struct GemmTilePlan {
   int bn = 256;          // tile columns (128 rows)
   int splits = 1;        // K ranges
   int kb_per_split = 0;  // k-blocks (128 bytes of K) per range
   bool swap = false;     // computes C^T = op(B)^T op(A)^T (m and n trade places)
+  bool cluster = false;  // the ranges of a tile add up in one cluster (2-8 splits)
+};
+
+// How many clusters of s CTAs (index s, 0-8) of the split-K kernel the GPU
+// holds at once; 0 where none (no cluster split of that size).
+struct GemmClusterFit {
+  int clusters[kGemmMaxClusterSplits + 1] = {};
 };
 
 // K cut for 128 x bn tiles: with fewer tiles than SMs and at least 4
 // k-blocks, ranges of at least 2 k-blocks (at most 64 ranges) until the
-// units (tile, range) about fill one wave; else one range.
+// units (tile, range) about fill one wave; else one range. With `fit`, a
+// cluster split: at most 8 ranges, and only as many as let every tile's
+// cluster be resident at once (else one range).
 inline GemmTilePlan PlanGemmSplitK(int64_t m, int64_t n, int64_t kblocks, int64_t batch, int bn,
-                                   int sms) {
+                                   int sms, const GemmClusterFit* fit = nullptr) {
   GemmTilePlan plan;
   plan.bn = bn;
   plan.kb_per_split = static_cast<int>(std::min<int64_t>(kblocks, INT32_MAX));
   const int64_t tiles = ((m + 127) / 128) * ((n + bn - 1) / bn) * batch;
   if (tiles >= sms || kblocks < 4) return plan;
-  const int64_t want = std::min<int64_t>({sms / tiles, kblocks / 2, 64});
+  int64_t want = std::min<int64_t>({sms / tiles, kblocks / 2, 64});
+  if (fit != nullptr) {
+    want = std::min<int64_t>(want, kGemmMaxClusterSplits);
+    while (want > 1 && fit->clusters[want] < tiles) --want;
+  }
   if (want <= 1) return plan;
   const int64_t per = (kblocks + want - 1) / want;
   plan.kb_per_split = static_cast<int>(per);
   plan.splits = static_cast<int>((kblocks + per - 1) / per);
+  plan.cluster = fit != nullptr;
   return plan;
 }
 
@@ -140,9 +166,11 @@ inline double GemmTilePlanUs(int64_t m, int64_t n, int64_t batch, const GemmTile
   const int64_t units = ((m + 127) / 128) * ((n + plan.bn - 1) / plan.bn) * batch * plan.splits;
   const double waves = double((units + sms - 1) / sms);
   double us = waves * plan.kb_per_split * kGemmKBlockUs * (plan.bn / 256.0) / speed;
-  if (plan.splits > 1)
-    us += kGemmSplitLaunchUs + (2.0 * plan.splits + 1.0) * double(m) * double(n) * double(batch) *
-                                   4.0 / kGemmHbmBytesPerUs;
+  const double c_bytes = double(m) * double(n) * double(batch) * 4.0;
+  if (plan.splits > 1 && plan.cluster)
+    us += kGemmClusterReduceUs + c_bytes / kGemmHbmBytesPerUs;
+  else if (plan.splits > 1)
+    us += kGemmSplitLaunchUs + (2.0 * plan.splits + 1.0) * c_bytes / kGemmHbmBytesPerUs;
   return us;
 }
 
@@ -155,19 +183,31 @@ inline double GemmTilePlanUs(int64_t m, int64_t n, int64_t batch, const GemmTile
 // wide side then fills the 128-row side of the tiles and the thin side one
 // narrow tile column (16 x 4096 x 4096 bf16: 128 x 256 tiles in 8 K ranges
 // ran 0.55x cuBLAS, every tile 112 of its 128 rows empty).
+//
+// With `fit` (the GPU's room for clusters of the split-K kernel) a split of
+// 2-8 ranges that add up inside a cluster is a candidate too. Thin tiles
+// (fewer than 64 columns) are candidates for the orientations thin_sides
+// names (kGemmThinUnswapped, kGemmThinSwapped), where the width is named or
+// the tile's columns are at most 32.
 inline GemmTilePlan ChooseWgmmaTilePlan(int64_t m, int64_t n, int64_t kblocks, int64_t batch,
-                                        int sms, int only_bn = 0, bool allow_swap = false) {
+                                        int sms, int only_bn = 0, bool allow_swap = false,
+                                        const GemmClusterFit* fit = nullptr,
+                                        unsigned thin_sides = 0) {
   GemmTilePlan best;
   double best_us = -1;
   for (int swap = 0; swap < (allow_swap && m < 128 ? 2 : 1); ++swap) {
     const int64_t rows = swap ? n : m, cols = swap ? m : n;
+    const bool thin_ok = thin_sides & (swap ? kGemmThinSwapped : kGemmThinUnswapped);
     for (const GemmTileSpeed& t : kGemmTileSpeed) {
       if (only_bn != 0 && t.bn != only_bn) continue;
+      if (t.bn < 64 && (!thin_ok || (only_bn == 0 && cols > 32))) continue;
       const GemmTilePlan split = PlanGemmSplitK(rows, cols, kblocks, batch, t.bn, sms);
       GemmTilePlan whole = split;
       whole.splits = 1;
-      whole.kb_per_split = split.splits > 1 ? static_cast<int>(kblocks) : split.kb_per_split;
-      for (GemmTilePlan plan : {whole, split}) {
+      whole.kb_per_split = static_cast<int>(std::min<int64_t>(kblocks, INT32_MAX));
+      const GemmTilePlan cluster =
+          fit != nullptr ? PlanGemmSplitK(rows, cols, kblocks, batch, t.bn, sms, fit) : whole;
+      for (GemmTilePlan plan : {whole, split, cluster}) {
         plan.swap = swap;
         const double us = GemmTilePlanUs(rows, cols, batch, plan, t.speed, sms);
         if (best_us < 0 || us < best_us) {
