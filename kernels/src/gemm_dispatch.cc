@@ -47,12 +47,9 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
            (args.batch <= 1 || (stride * es) % 16 == 0);
   };
   s.aligned = rows16(args.a, args.lda, args.stride_a) && rows16(args.b, args.ldb, args.stride_b);
-  // The ladders cannot read C from elsewhere: the vendor must take c_in.
-  const bool needs_vendor = args.beta != 0 && args.c_in != nullptr && args.c_in != args.c;
   s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args));
   s.beta = args.beta != 0;
   s.sms = SmCount();
-  if (needs_vendor) return s.vendor_ok ? kGemmVendorVariant : "";
   const std::string_view chosen = ChooseGemmVariant(s);
   // A rung that refuses these arguments leaves the choice to the vendor.
   if (!chosen.empty() && !IsVendor(chosen) && !CanImplementGemm(args, chosen))

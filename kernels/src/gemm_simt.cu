@@ -69,6 +69,11 @@ struct SimtParams {
   int64_t ldb = 0, stride_b = 0;
   float* c = nullptr;
   int64_t ldc = 0, stride_c = 0, stride_split = 0;
+  // Where beta * C is read (only with beta != 0, hence one K slice): c, or
+  // another array of C's layout (ldc; batch stride stride_c_src, 0 for one C
+  // for the whole batch).
+  const float* c_src = nullptr;
+  int64_t stride_c_src = 0;
   float alpha = 1.f, beta = 0.f;
   bool trans_a = false, trans_b = false;
   bool vec_a = false, vec_b = false, vec_c = false;  // 16-byte accesses allowed
@@ -96,8 +101,14 @@ __device__ __forceinline__ void TileCoords(int bid, int tiles_m, int tiles_n, in
   *tn = r / rows;
 }
 
+// alpha * acc + beta * *c, with c read only when beta != 0.
 __device__ __forceinline__ float Blend(float acc, const float* c, float alpha, float beta) {
   return beta == 0.f ? alpha * acc : fmaf(beta, *c, alpha * acc);
+}
+
+// Batch entry z's addend at element offset `at` of its C.
+__device__ __forceinline__ const float* CSrc(const SimtParams& p, int64_t z, int64_t at) {
+  return p.c_src + z * p.stride_c_src + at;
 }
 
 // ---------------------------------------------------------------------------
@@ -118,8 +129,8 @@ __global__ void __launch_bounds__(256) NaiveKernel(const SimtParams p) {
     const float* b = p.b + z * p.stride_b + j * sbn;
     float acc = 0.f;
     for (int kk = 0; kk < p.k; ++kk) acc = fmaf(a[kk * sak], b[kk * sbk], acc);
-    float* c = p.c + z * p.stride_c + int64_t(i) * p.ldc + j;
-    *c = Blend(acc, c, p.alpha, p.beta);
+    const int64_t at = int64_t(i) * p.ldc + j;
+    p.c[z * p.stride_c + at] = Blend(acc, CSrc(p, z, at), p.alpha, p.beta);
   }
 }
 
@@ -156,8 +167,8 @@ __global__ void __launch_bounds__(1024) Smem32Kernel(const SimtParams p) {
     }
     const int i = m0 + ty, j = n0 + tx;
     if (i < p.m && j < p.n) {
-      float* c = p.c + z * p.stride_c + int64_t(i) * p.ldc + j;
-      *c = Blend(acc, c, p.alpha, p.beta);
+      const int64_t at = int64_t(i) * p.ldc + j;
+      p.c[z * p.stride_c + at] = Blend(acc, CSrc(p, z, at), p.alpha, p.beta);
     }
   }
 }
@@ -234,8 +245,8 @@ __global__ void __launch_bounds__(Reg8x8Config::kThreads, 2) Reg8x8Kernel(const 
       for (int j = 0; j < Cfg::kTN; ++j) {
         const int gn = n0 + tx * Cfg::kTN + j;
         if (gn < p.n) {
-          float* cp = c + int64_t(gm) * p.ldc + gn;
-          *cp = Blend(acc[i][j], cp, p.alpha, p.beta);
+          const int64_t at = int64_t(gm) * p.ldc + gn;
+          c[at] = Blend(acc[i][j], CSrc(p, z, at), p.alpha, p.beta);
         }
       }
     }
@@ -529,6 +540,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) TiledKernel(co
       const int gm = m0 + row0 + (i / 4) * Cfg::kRowStep + (i % 4);
       if (gm >= p.m) continue;
       float* crow = c + int64_t(gm) * p.ldc;
+      const float* srow = CSrc(p, bi, int64_t(gm) * p.ldc);  // read only with beta (s == 0)
 #pragma unroll
       for (int h = 0; h < kTN / 4; ++h) {
         const int gn = n0 + col0 + h * Cfg::kColStep;
@@ -537,7 +549,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) TiledKernel(co
         if (p.vec_c && gn + 3 < p.n) {
           float4* cp = reinterpret_cast<float4*>(crow + gn);
           if (p.beta != 0.f) {
-            const float4 old = *cp;
+            const float4 old = *reinterpret_cast<const float4*>(srow + gn);
             v.x = fmaf(p.beta, old.x, v.x);
             v.y = fmaf(p.beta, old.y, v.y);
             v.z = fmaf(p.beta, old.z, v.z);
@@ -549,8 +561,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) TiledKernel(co
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             if (gn + j < p.n) {
-              float* cp = crow + gn + j;
-              *cp = p.beta == 0.f ? vals[j] : fmaf(p.beta, *cp, vals[j]);
+              crow[gn + j] = p.beta == 0.f ? vals[j] : fmaf(p.beta, srow[gn + j], vals[j]);
             }
           }
         }
@@ -575,6 +586,7 @@ __global__ void __launch_bounds__(256) SplitKReduceKernel(const SimtParams p, co
     const int64_t i = r / p.n, j = r - i * p.n;
     const float* src = ws + bi * p.splits * mn + r;
     float* dst = p.c + bi * p.stride_c + i * p.ldc + j;
+    const float* old_at = CSrc(p, bi, i * p.ldc + j);
     if (kVec) {
       float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int s = 0; s < p.splits; ++s) {
@@ -583,7 +595,7 @@ __global__ void __launch_bounds__(256) SplitKReduceKernel(const SimtParams p, co
       }
       float4 out = make_float4(p.alpha * sum.x, p.alpha * sum.y, p.alpha * sum.z, p.alpha * sum.w);
       if (p.beta != 0.f) {
-        const float4 old = *reinterpret_cast<const float4*>(dst);
+        const float4 old = *reinterpret_cast<const float4*>(old_at);
         out.x = fmaf(p.beta, old.x, out.x);
         out.y = fmaf(p.beta, old.y, out.y);
         out.z = fmaf(p.beta, old.z, out.z);
@@ -593,7 +605,7 @@ __global__ void __launch_bounds__(256) SplitKReduceKernel(const SimtParams p, co
     } else {
       float sum = 0.f;
       for (int s = 0; s < p.splits; ++s) sum += src[s * mn];
-      *dst = Blend(sum, dst, p.alpha, p.beta);
+      *dst = Blend(sum, old_at, p.alpha, p.beta);
     }
   }
 }
@@ -736,13 +748,17 @@ SimtParams MakeParams(const GemmArgs& args) {
   p.c = static_cast<float*>(args.c);
   p.ldc = args.ldc;
   p.stride_c = args.stride_c;
+  const bool c_in = args.beta != 0 && args.c_in != nullptr;
+  p.c_src = c_in ? static_cast<const float*>(args.c_in) : p.c;
+  p.stride_c_src = c_in ? args.stride_c_in : args.stride_c;
   p.alpha = args.alpha;
   p.beta = args.beta;
   p.trans_a = args.trans_a;
   p.trans_b = args.trans_b;
   p.vec_a = Aligned16(args.a, args.lda, args.stride_a, args.batch);
   p.vec_b = Aligned16(args.b, args.ldb, args.stride_b, args.batch);
-  p.vec_c = Aligned16(args.c, args.ldc, args.stride_c, args.batch);
+  p.vec_c = Aligned16(args.c, args.ldc, args.stride_c, args.batch) &&
+            (!c_in || Aligned16(args.c_in, args.ldc, args.stride_c_in, args.batch));
   return p;
 }
 
@@ -781,8 +797,7 @@ Support CheckArgs(const GemmArgs& args) {
     return Support::No("negative batch stride");
   if (args.batch > 1 && args.stride_c == 0)
     return Support::No("stride_c 0 with batch > 1 would write one C from several batch entries");
-  if (args.beta != 0 && args.c_in != nullptr && args.c_in != args.c)
-    return Support::No("gemm_simt reads C where it writes it (c_in is the vendor fallback's)");
+  if (args.stride_c_in < 0) return Support::No("negative stride_c_in");
   if (CeilDiv(args.m, 8) * CeilDiv(args.n, 32) > INT_MAX)
     return Support::No("too many tiles for one grid");
   return Support::Yes();

@@ -190,12 +190,11 @@ Support CheckCommon(const GemmArgs& a) {
   if (a.m < 0 || a.n < 0 || a.k < 0 || a.batch < 0) return Support::No("negative size");
   if (a.m > INT_MAX || a.n > INT_MAX || a.k > INT_MAX || a.batch > INT_MAX)
     return Support::No("a size exceeds 2^31 - 1");
-  if (a.stride_a < 0 || a.stride_b < 0 || a.stride_c < 0) return Support::No("negative stride");
+  if (a.stride_a < 0 || a.stride_b < 0 || a.stride_c < 0 || a.stride_c_in < 0)
+    return Support::No("negative stride");
   if (a.lda < std::max<int64_t>(1, a.trans_a ? a.m : a.k)) return Support::No("lda too small");
   if (a.ldb < std::max<int64_t>(1, a.trans_b ? a.k : a.n)) return Support::No("ldb too small");
   if (a.ldc < std::max<int64_t>(1, a.n)) return Support::No("ldc too small");
-  if (a.beta != 0 && a.c_in != nullptr && a.c_in != a.c)
-    return Support::No("gemm_tc reads C where it writes it (c_in is the vendor fallback's)");
   const bool work = a.m > 0 && a.n > 0 && a.batch > 0;
   if (work && a.c == nullptr) return Support::No("C is null");
   if (work && a.k > 0 && (a.a == nullptr || a.b == nullptr)) return Support::No("A or B is null");
@@ -235,12 +234,19 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m, bool c_trans
   p.c = a.c;
   p.ldc = a.ldc;
   p.stride_c = a.stride_c;
+  const bool c_in = a.beta != 0 && a.c_in != nullptr;
+  p.c_src = c_in ? a.c_in : a.c;
+  p.stride_c_src = c_in ? a.stride_c_in : a.stride_c;
   p.alpha = a.alpha;
   p.beta = a.beta;
   p.c_type = static_cast<int>(a.c_type);
-  p.c_pairs = a.ldc % 2 == 0 && Aligned(a.c, 2 * cs) && (a.batch <= 1 || a.stride_c % 2 == 0);
-  p.c_vec = Aligned(a.c, 16) && (a.ldc * int64_t(cs)) % 16 == 0 &&
-            (a.batch <= 1 || (a.stride_c * int64_t(cs)) % 16 == 0);
+  // Pairs and 16-byte pieces of C, and of the addend where it lies elsewhere.
+  auto on = [&](const void* ptr, int64_t stride, int64_t bytes) {
+    return Aligned(ptr, bytes) && (a.ldc * int64_t(cs)) % bytes == 0 &&
+           (a.batch <= 1 || (stride * int64_t(cs)) % bytes == 0);
+  };
+  p.c_pairs = on(a.c, a.stride_c, 2 * cs) && (!c_in || on(a.c_in, a.stride_c_in, 2 * cs));
+  p.c_vec = on(a.c, a.stride_c, 16) && (!c_in || on(a.c_in, a.stride_c_in, 16));
   p.c_trans = c_trans;
   p.a_vec =
       Aligned(a.a, 16) && (a.lda * es) % 16 == 0 && (a.batch <= 1 || (a.stride_a * es) % 16 == 0);
@@ -271,11 +277,29 @@ int RungWidth(Rung rung) {
   }
 }
 
-bool IsSplitK(Rung rung) {
-  return rung == Rung::kWgmmaSplitK || rung == Rung::kWgmmaSplitK128 ||
-         rung == Rung::kWgmmaSplitK64 || rung == Rung::kWgmmaSplitK32 ||
-         rung == Rung::kWgmmaSplitK16;
-}
+bool IsSplitK(Rung rung) { return rung == Rung::kWgmmaSplitK || RungWidth(rung) != 0; }
+
+// The launch of `blocks` CTAs of 384 threads in clusters of `cluster` CTAs
+// along x (config.attrs points into the object: not copyable).
+struct ClusterLaunch {
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t config = {};
+
+  ClusterLaunch(unsigned blocks, unsigned cluster, size_t smem, cudaStream_t stream) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(384);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
 
 // How many clusters of 2-8 CTAs of the split-K kernel (one CTA per SM: all
 // its tile configurations take ~216 KB of shared memory) the current device
@@ -299,19 +323,9 @@ GemmClusterFit SplitKClusterFit() {
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                            Cfg::kSmemBytes) == cudaSuccess) {
     for (int s = 2; s <= kGemmMaxClusterSplits; ++s) {
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = s;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(s);
-      config.blockDim = dim3(384);
-      config.dynamicSmemBytes = Cfg::kSmemBytes;
-      config.attrs = attr;
-      config.numAttrs = 1;
+      const ClusterLaunch launch(s, s, Cfg::kSmemBytes, nullptr);
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess)
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess)
         fit.clusters[s] = clusters;
     }
   }
@@ -593,19 +607,10 @@ cudaError_t LaunchWs(const GemmArgs& a, const CUtensorMap& map_a, const CUtensor
     // sure that every cluster is resident at once); they add up in the kernel.
     auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1, Cfg, true>;
     if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(p.splits);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(units));
-    config.blockDim = dim3(384);
-    config.dynamicSmemBytes = Cfg::kSmemBytes;
-    config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p);
+    if (units > INT_MAX) return cudaErrorInvalidValue;
+    const ClusterLaunch launch(static_cast<unsigned>(units), static_cast<unsigned>(p.splits),
+                               Cfg::kSmemBytes, stream);
+    return cudaLaunchKernelEx(&launch.config, kernel, map_a, map_b, p);
   }
   auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 1, Cfg>;
   if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
@@ -663,31 +668,20 @@ cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStre
     const TcParams p = MakeParams(a, 2 * Cfg::kBM, Cfg::kBN, 8, c_trans);
     auto* kernel = &tc::WgmmaWsKernel<T, kTA, kTB, 2>;
     if (cudaError_t e = AllowSmem(kernel, Cfg::kSmemBytes); e != cudaSuccess) return e;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
     // wgmma_cluster: one cluster per pair tile; the hardware places clusters
     // where pairs of SMs are free. wgmma_cluster_persistent: as many clusters
     // as the occupancy calculator says fit at once, each walking pair tiles.
     if (p.tiles > INT_MAX / 2) return cudaErrorInvalidValue;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(2 * p.tiles));
-    config.blockDim = dim3(384);
-    config.dynamicSmemBytes = Cfg::kSmemBytes;
-    config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = 1;
+    ClusterLaunch launch(static_cast<unsigned>(2 * p.tiles), 2, Cfg::kSmemBytes, stream);
     if (rung == Rung::kWgmmaClusterPersistent) {
       int clusters = 0;
-      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+      if (cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
           e != cudaSuccess)
         return e;
       if (clusters < 1) return cudaErrorInvalidConfiguration;
-      config.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(p.tiles, clusters)));
+      launch.config.gridDim = dim3(static_cast<unsigned>(2 * std::min<int64_t>(p.tiles, clusters)));
     }
-    return cudaLaunchKernelEx(&config, kernel, map_a, map_b, p);
+    return cudaLaunchKernelEx(&launch.config, kernel, map_a, map_b, p);
   }
   if (IsSplitK(rung)) {
     switch (bn) {

@@ -26,6 +26,10 @@ struct TcParams {
   int64_t ldb = 0, stride_b = 0;
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
+  // Where beta * C is read: c itself, or another array of C's layout (ldc,
+  // c_type; batch stride stride_c_src, 0 for one C for the whole batch).
+  const void* c_src = nullptr;
+  int64_t stride_c_src = 0;
   float alpha = 1.f, beta = 0.f;
   int c_type = 0;     // DType of C as int
   int c_pairs = 0;    // two adjacent C elements may be moved as one aligned vector
@@ -85,20 +89,22 @@ template <> struct Pair<float> { using Type = float2; };
 template <> struct Pair<__half> { using Type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using Type = __nv_bfloat162; };
 
-// C[row, col..col+1] = alpha * (v0, v1) + beta * C (C read only when beta != 0).
-// `c` is this batch's C; out-of-range elements are skipped. col is even.
+// C[row, col..col+1] = alpha * (v0, v1) + beta * C (C read from `cs` only
+// when beta != 0). `c` is this batch's C and `cs` its BatchCSrc;
+// out-of-range elements are skipped. col is even.
 template <typename Tc>
-__device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, int row, int col, float v0,
-                                        float v1) {
+__device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, const Tc* cs, int row, int col,
+                                        float v0, float v1) {
   if (row >= p.m || col >= p.n) return;
   v0 *= p.alpha;
   v1 *= p.alpha;
-  Tc* dst = c + static_cast<int64_t>(row) * p.ldc + col;
+  const int64_t at = static_cast<int64_t>(row) * p.ldc + col;
+  Tc* dst = c + at;
   if (p.c_pairs && col + 1 < p.n) {
     using P = typename Pair<Tc>::Type;
     P* dp = reinterpret_cast<P*>(dst);
     if (p.beta != 0.f) {
-      const P old = *dp;
+      const P old = *reinterpret_cast<const P*>(cs + at);
       v0 = fmaf(p.beta, ToFloat(old.x), v0);
       v1 = fmaf(p.beta, ToFloat(old.y), v1);
     }
@@ -108,10 +114,10 @@ __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, int row, int c
     *dp = out;
     return;
   }
-  if (p.beta != 0.f) v0 = fmaf(p.beta, ToFloat(dst[0]), v0);
+  if (p.beta != 0.f) v0 = fmaf(p.beta, ToFloat(cs[at]), v0);
   dst[0] = FromFloat<Tc>(v0);
   if (col + 1 < p.n) {
-    if (p.beta != 0.f) v1 = fmaf(p.beta, ToFloat(dst[1]), v1);
+    if (p.beta != 0.f) v1 = fmaf(p.beta, ToFloat(cs[at + 1]), v1);
     dst[1] = FromFloat<Tc>(v1);
   }
 }
@@ -119,6 +125,12 @@ __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, int row, int c
 template <typename Tc>
 __device__ __forceinline__ Tc* BatchC(const TcParams& p, int b) {
   return static_cast<Tc*>(p.c) + static_cast<int64_t>(b) * p.stride_c;
+}
+
+// The C that beta scales for batch entry b (BatchC's layout).
+template <typename Tc>
+__device__ __forceinline__ const Tc* BatchCSrc(const TcParams& p, int b) {
+  return static_cast<const Tc*>(p.c_src) + static_cast<int64_t>(b) * p.stride_c_src;
 }
 
 // C = alpha * (sum of the split-K partials) + beta * C, element by element
@@ -133,11 +145,11 @@ __global__ void SplitKReduceKernel(const TcParams p) {
     const int b = static_cast<int>(e / mn);
     const int64_t r = e - b * mn;
     const int i = static_cast<int>(r / p.n), j = static_cast<int>(r - int64_t(i) * p.n);
-    Tc* c = BatchC<Tc>(p, b) +
-            (p.c_trans ? static_cast<int64_t>(j) * p.ldc + i : static_cast<int64_t>(i) * p.ldc + j);
+    const int64_t at =
+        p.c_trans ? static_cast<int64_t>(j) * p.ldc + i : static_cast<int64_t>(i) * p.ldc + j;
     float v = p.alpha * s;
-    if (p.beta != 0.f) v = fmaf(p.beta, ToFloat(*c), v);
-    *c = FromFloat<Tc>(v);
+    if (p.beta != 0.f) v = fmaf(p.beta, ToFloat(BatchCSrc<Tc>(p, b)[at]), v);
+    BatchC<Tc>(p, b)[at] = FromFloat<Tc>(v);
   }
 }
 

@@ -200,6 +200,7 @@ __device__ __forceinline__ void Epilogue(const TcParams& p, int bi, int row0, in
   auto store = [&](auto* c) {
     using Tc = std::remove_pointer_t<decltype(c)>;
     using P = typename Pair<Tc>::Type;
+    const Tc* cs = BatchCSrc<Tc>(p, bi);
     if (plain) {
       P* r0 = reinterpret_cast<P*>(c + static_cast<int64_t>(row) * p.ldc + col);
       P* r8 = reinterpret_cast<P*>(c + static_cast<int64_t>(row + 8) * p.ldc + col);
@@ -217,8 +218,8 @@ __device__ __forceinline__ void Epilogue(const TcParams& p, int bi, int row0, in
     }
 #pragma unroll
     for (int i = 0; i < kAcc / 4; ++i) {
-      StoreC2<Tc>(p, c, row, col + 8 * i, d[4 * i], d[4 * i + 1]);
-      StoreC2<Tc>(p, c, row + 8, col + 8 * i, d[4 * i + 2], d[4 * i + 3]);
+      StoreC2<Tc>(p, c, cs, row, col + 8 * i, d[4 * i], d[4 * i + 1]);
+      StoreC2<Tc>(p, c, cs, row + 8, col + 8 * i, d[4 * i + 2], d[4 * i + 3]);
     }
   };
   if (p.c_type == 0) store(BatchC<float>(p, bi));
@@ -232,24 +233,36 @@ __device__ __forceinline__ void WarpgroupBarrier(int id) {
   asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
 }
 
-// v[0..7] += beta * C[row, col..col+7] for the columns inside C (c_row
-// points at C[row, 0]); 16-byte loads where C's rows lie on 16 bytes.
+// Eight elements of C as they lie in memory (16 or 32 bytes).
 template <typename Tc>
-__device__ __forceinline__ void AddRow8(const TcParams& p, const Tc* c_row, int col,
-                                        float (&v)[8]) {
-  if (p.c_vec && col + 8 <= p.n) {
-    constexpr int kVecs = 8 * sizeof(Tc) / 16;
-    uint4 old[kVecs];
+struct Row8 {
+  uint4 q[8 * sizeof(Tc) / 16];
+};
+
+// C[row, col..col+7] (src_row points at C[row, 0]; zeros outside C, and for
+// the whole piece when !live); 16-byte loads where C's rows lie on 16 bytes.
+template <typename Tc>
+__device__ __forceinline__ Row8<Tc> LoadRow8(const TcParams& p, const Tc* src_row, int col,
+                                             bool live) {
+  Row8<Tc> r;
+  if (live && p.c_vec && col + 8 <= p.n) {
 #pragma unroll
-    for (int q = 0; q < kVecs; ++q) old[q] = reinterpret_cast<const uint4*>(c_row + col)[q];
-    const Tc* o = reinterpret_cast<const Tc*>(old);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = fmaf(p.beta, ToFloat(o[j]), v[j]);
-    return;
+    for (int q = 0; q < 8 * int(sizeof(Tc)) / 16; ++q)
+      r.q[q] = reinterpret_cast<const uint4*>(src_row + col)[q];
+    return r;
   }
+  Tc* e = reinterpret_cast<Tc*>(r.q);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (col + j < p.n) v[j] = fmaf(p.beta, ToFloat(c_row[col + j]), v[j]);
+  for (int j = 0; j < 8; ++j) e[j] = live && col + j < p.n ? src_row[col + j] : FromFloat<Tc>(0.f);
+  return r;
+}
+
+// v[0..7] += beta * the eight values of `old`.
+template <typename Tc>
+__device__ __forceinline__ void AddRow8(float beta, const Row8<Tc>& old, float (&v)[8]) {
+  const Tc* o = reinterpret_cast<const Tc*>(old.q);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = fmaf(beta, ToFloat(o[j]), v[j]);
 }
 
 // C[row, col..col+7] = v for the columns inside C; 16-byte stores where C's
@@ -283,7 +296,8 @@ template <int kBN>
 __device__ __forceinline__ void PrefetchC(const TcParams& p, int bi, int row0, int col0) {
   if (row0 >= p.m) return;
   const int cs = p.c_type == 0 ? 4 : 2;
-  const char* base = static_cast<const char*>(p.c) + static_cast<int64_t>(bi) * p.stride_c * cs;
+  const char* base =
+      static_cast<const char*>(p.c_src) + static_cast<int64_t>(bi) * p.stride_c_src * cs;
   const int cols = min(kBN, p.n - col0);
   const int lines = (cols * cs + 127) / 128 + 1;  // 128-byte lines a row touches, at most
   const int rows = min(64, p.m - row0);
@@ -402,19 +416,33 @@ __device__ __forceinline__ void StagedEpilogue16(const TcParams& p, Tc* c, int r
 
 // C (16-bit or fp32) of a consumer warpgroup's block with beta != 0: as
 // StagedEpilogue16, but staged in fp32 (32 columns a chunk) so that
-// alpha * acc + beta * C is rounded once; both rows' C loads of a chunk are
-// issued before either row is stored (the fragments' own stores read C one
-// pair at a time, each load waiting for the previous store).
+// alpha * acc + beta * C is rounded once. The addend (cs, BatchCSrc) is
+// loaded kAhead chunks before its chunk is stored, so that its latency
+// overlaps the staging of the chunks between (one chunk's loads waited out
+// before each store left 4096^3 bf16 with beta ~35 us slower than without).
 template <typename Tc, typename Cfg>
-__device__ __forceinline__ void StagedEpilogueBeta(const TcParams& p, Tc* c, int row0, int col0,
-                                                   const float (&d)[Cfg::kAcc], float* buf,
-                                                   int bar_id) {
+__device__ __forceinline__ void StagedEpilogueBeta(const TcParams& p, Tc* c, const Tc* cs, int row0,
+                                                   int col0, const float (&d)[Cfg::kAcc],
+                                                   float* buf, int bar_id) {
   constexpr int kLd = Cfg::kEpiLd;  // floats per staged row (32 values + padding)
+  constexpr int kChunks = Cfg::kBN / 32, kAhead = 2;
   const int t = threadIdx.x % 128, lane = t % 32, warp = t / 32;
   const int fr = warp * 16 + lane / 4, fc = 2 * (lane % 4);  // fragment row and column
   const int rr = t / 4, rc = 8 * (t % 4);                    // read back: rows rr, rr + 32
+  Row8<Tc> old[kAhead + 1][2];  // the addend of chunks ch .. ch + kAhead, rows rr and rr + 32
+  auto load = [&](int ch, Row8<Tc>(&dst)[2]) {
+    const int col = col0 + ch * 32 + rc;
 #pragma unroll
-  for (int ch = 0; ch < Cfg::kBN / 32; ++ch) {
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + rr + 32 * h;
+      dst[h] = LoadRow8(p, cs + static_cast<int64_t>(row) * p.ldc, col, row < p.m && col < p.n);
+    }
+  };
+#pragma unroll
+  for (int ch = 0; ch < kAhead && ch < kChunks; ++ch) load(ch, old[ch]);
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch) {
+    if (ch + kAhead < kChunks) load(ch + kAhead, old[(ch + kAhead) % (kAhead + 1)]);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int i = ch * 4 + j;  // the fragment's 8-column group
@@ -433,9 +461,7 @@ __device__ __forceinline__ void StagedEpilogueBeta(const TcParams& p, Tc* c, int
     }
     if (col < p.n) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (row0 + rr + 32 * h < p.m)
-          AddRow8(p, c + static_cast<int64_t>(row0 + rr + 32 * h) * p.ldc, col, v[h]);
+      for (int h = 0; h < 2; ++h) AddRow8(p.beta, old[ch % (kAhead + 1)][h], v[h]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (row0 + rr + 32 * h < p.m)
@@ -449,8 +475,8 @@ __device__ __forceinline__ void StagedEpilogueBeta(const TcParams& p, Tc* c, int
 // element by element from the fragments: (row, col) of the block goes to
 // C[col, row]. Swap-AB runs thin problems, whose C is small.
 template <typename Tc, int kAcc>
-__device__ __forceinline__ void TransposedEpilogue(const TcParams& p, Tc* c, int row0, int col0,
-                                                   const float (&d)[kAcc]) {
+__device__ __forceinline__ void TransposedEpilogue(const TcParams& p, Tc* c, const Tc* cs, int row0,
+                                                   int col0, const float (&d)[kAcc]) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const int row = row0 + warp * 16 + lane / 4, col = col0 + 2 * (lane % 4);
 #pragma unroll
@@ -459,9 +485,9 @@ __device__ __forceinline__ void TransposedEpilogue(const TcParams& p, Tc* c, int
     for (int e = 0; e < 4; ++e) {
       const int r = row + 8 * (e / 2), cl = col + 8 * i + e % 2;
       if (r >= p.m || cl >= p.n) continue;
-      Tc* t = c + static_cast<int64_t>(cl) * p.ldc + r;
+      const int64_t at = static_cast<int64_t>(cl) * p.ldc + r;
       const float v = p.alpha * d[4 * i + e];
-      *t = FromFloat<Tc>(p.beta != 0.f ? fmaf(p.beta, ToFloat(*t), v) : v);
+      c[at] = FromFloat<Tc>(p.beta != 0.f ? fmaf(p.beta, ToFloat(cs[at]), v) : v);
     }
 }
 
@@ -478,9 +504,9 @@ __device__ __forceinline__ void ConsumerEpilogue(const TcParams& p, int bi, int 
   if constexpr (Cfg::kThin) {  // C small: from the fragments
     if (p.c_trans) {
       if (p.c_type == 0)
-        TransposedEpilogue(p, BatchC<float>(p, bi), row0, col0, d);
+        TransposedEpilogue(p, BatchC<float>(p, bi), BatchCSrc<float>(p, bi), row0, col0, d);
       else if constexpr (!std::is_same_v<T, float>)
-        TransposedEpilogue(p, BatchC<T>(p, bi), row0, col0, d);
+        TransposedEpilogue(p, BatchC<T>(p, bi), BatchCSrc<T>(p, bi), row0, col0, d);
     } else {
       Epilogue<T>(p, bi, row0, col0, d);
     }
@@ -488,16 +514,18 @@ __device__ __forceinline__ void ConsumerEpilogue(const TcParams& p, int bi, int 
   }
   if (p.c_trans && (p.beta != 0.f || p.c_type == 0)) {
     if (p.c_type == 0)
-      TransposedEpilogue(p, BatchC<float>(p, bi), row0, col0, d);
+      TransposedEpilogue(p, BatchC<float>(p, bi), BatchCSrc<float>(p, bi), row0, col0, d);
     else if constexpr (!std::is_same_v<T, float>)
-      TransposedEpilogue(p, BatchC<T>(p, bi), row0, col0, d);
+      TransposedEpilogue(p, BatchC<T>(p, bi), BatchCSrc<T>(p, bi), row0, col0, d);
     return;
   }
   if (p.beta != 0.f) {
     if (p.c_type == 0)
-      StagedEpilogueBeta<float, Cfg>(p, BatchC<float>(p, bi), row0, col0, d, buf, bar_id);
+      StagedEpilogueBeta<float, Cfg>(p, BatchC<float>(p, bi), BatchCSrc<float>(p, bi), row0, col0,
+                                     d, buf, bar_id);
     else if constexpr (!std::is_same_v<T, float>)
-      StagedEpilogueBeta<T, Cfg>(p, BatchC<T>(p, bi), row0, col0, d, buf, bar_id);
+      StagedEpilogueBeta<T, Cfg>(p, BatchC<T>(p, bi), BatchCSrc<T>(p, bi), row0, col0, d, buf,
+                                 bar_id);
     return;
   }
   if constexpr (!std::is_same_v<T, float>) {
@@ -524,14 +552,16 @@ __device__ __forceinline__ void DecodeUnit(const TcParams& p, int64_t unit, int6
   }
 }
 
-// C[i, j] (C^T's with c_trans) = alpha * v + beta * C for an element inside C.
+// C[i, j] (C^T's with c_trans) = alpha * v + beta * C for an element inside C
+// (the addend read from cs, this batch's BatchCSrc).
 template <typename Tc>
-__device__ __forceinline__ void PutC(const TcParams& p, Tc* c, int i, int j, float v) {
-  Tc* dst =
-      c + (p.c_trans ? static_cast<int64_t>(j) * p.ldc + i : static_cast<int64_t>(i) * p.ldc + j);
+__device__ __forceinline__ void PutC(const TcParams& p, Tc* c, const Tc* cs, int i, int j,
+                                     float v) {
+  const int64_t at =
+      p.c_trans ? static_cast<int64_t>(j) * p.ldc + i : static_cast<int64_t>(i) * p.ldc + j;
   v *= p.alpha;
-  if (p.beta != 0.f) v = fmaf(p.beta, ToFloat(*dst), v);
-  *dst = FromFloat<Tc>(v);
+  if (p.beta != 0.f) v = fmaf(p.beta, ToFloat(cs[at]), v);
+  c[at] = FromFloat<Tc>(v);
 }
 
 // Cluster split-K, after every CTA of the cluster has put its K range's sums
@@ -542,8 +572,8 @@ __device__ __forceinline__ void PutC(const TcParams& p, Tc* c, int i, int j, flo
 // numbered so that adjacent threads write adjacent elements of C (adjacent
 // rows of the tile for C^T).
 template <typename Tc, typename Cfg>
-__device__ __forceinline__ void ClusterReduce(const TcParams& p, Tc* c, int m0, int n0,
-                                              uint32_t red, int rank, int splits) {
+__device__ __forceinline__ void ClusterReduce(const TcParams& p, Tc* c, const Tc* cs, int m0,
+                                              int n0, uint32_t red, int rank, int splits) {
   constexpr int kPieces = Cfg::kBM * (Cfg::kBN / 4);
   const int t = threadIdx.x - 128;
   uint32_t remote[8];
@@ -601,7 +631,7 @@ __device__ __forceinline__ void ClusterReduce(const TcParams& p, Tc* c, int m0, 
       const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        if (j + k < p.n) PutC(p, c, i, j + k, e[k]);
+        if (j + k < p.n) PutC(p, c, cs, i, j + k, e[k]);
     }
   }
 }
@@ -819,15 +849,19 @@ __global__ void __launch_bounds__(384, 1)
         ClusterSync();
         const int m0 = tm * Cfg::kBM, cr = static_cast<int>(ClusterCtaRank());
         if (p.c_type == 0)
-          ClusterReduce<float, Cfg>(p, BatchC<float>(p, bi), m0, col0, base, cr, p.splits);
+          ClusterReduce<float, Cfg>(p, BatchC<float>(p, bi), BatchCSrc<float>(p, bi), m0, col0,
+                                    base, cr, p.splits);
         else if constexpr (!std::is_same_v<T, float>)
-          ClusterReduce<T, Cfg>(p, BatchC<T>(p, bi), m0, col0, base, cr, p.splits);
+          ClusterReduce<T, Cfg>(p, BatchC<T>(p, bi), BatchCSrc<T>(p, bi), m0, col0, base, cr,
+                                p.splits);
         ClusterSync();
       } else if (p.splits > 1) {  // this range's fp32 sums, dense, alpha and beta later
         TcParams q = p;
         q.c = p.partials + int64_t(split) * p.batch * p.m * p.n;
         q.ldc = p.n;
         q.stride_c = int64_t(p.m) * p.n;
+        q.c_src = q.c;
+        q.stride_c_src = q.stride_c;
         q.c_type = 0;
         q.alpha = 1.f;
         q.beta = 0.f;

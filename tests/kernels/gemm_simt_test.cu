@@ -37,6 +37,7 @@ struct GemmCase {
   size_t offset_bytes = 0;  // base pointers shifted by this many bytes
   bool share_a = false;     // stride_a = 0 (one A for the whole batch)
   bool share_b = false;     // stride_b = 0
+  bool c_apart = false;     // beta * C read from its own buffer (c_in), C poisoned
 };
 
 std::string CaseName(const GemmCase& c) {
@@ -78,6 +79,16 @@ std::vector<GemmCase> Cases() {
     GemmCase c{"offset4", 130, 131, 67, t, false};
     c.beta = 0.5f, c.offset_bytes = 4;
     cases.push_back(c);
+  }
+  // C read from c_in (the addend fused, no copy into C): strided batch, and
+  // the split-K partials' reduction.
+  {
+    GemmCase c{"cin_batch3", 65, 70, 33, false, true, 3};
+    c.alpha = 0.5f, c.beta = 2.f, c.pad = 1, c.c_apart = true;
+    cases.push_back(c);
+    GemmCase d{"cin_longk", 64, 96, 16384};
+    d.beta = -1.f, d.c_apart = true;
+    cases.push_back(d);
   }
   // Long K: fp32 accumulation over 16384 terms.
   for (bool t : {false, true}) cases.push_back(GemmCase{"", 64, 96, 16384, t, false});
@@ -202,15 +213,20 @@ TEST_P(GemmSimtTest, MatchesFloat64Reference) {
   DeviceArray a(l.count_a * sizeof(float), c.offset_bytes);
   DeviceArray b(l.count_b * sizeof(float), c.offset_bytes);
   DeviceArray out(l.count_c * sizeof(float), c.offset_bytes);
+  DeviceArray c_in(c.c_apart ? l.count_c * sizeof(float) : 0, c.offset_bytes);
   ASSERT_NE(a.get(), nullptr);
   ASSERT_NE(b.get(), nullptr);
   ASSERT_NE(out.get(), nullptr);
   a.Upload(ref.a->bytes.data());
   b.Upload(ref.b->bytes.data());
-  if (ref.c0)
-    out.Upload(ref.c0->bytes.data());
-  else
+  if (ref.c0 && c.c_apart) {
+    c_in.Upload(ref.c0->bytes.data());
     out.Poison();
+  } else if (ref.c0) {
+    out.Upload(ref.c0->bytes.data());
+  } else {
+    out.Poison();
+  }
 
   GemmArgs args;
   args.m = c.m, args.n = c.n, args.k = c.k, args.batch = c.batch;
@@ -218,6 +234,7 @@ TEST_P(GemmSimtTest, MatchesFloat64Reference) {
   args.b = b.get(), args.ldb = l.ldb, args.stride_b = l.stride_b, args.trans_b = c.trans_b;
   args.c = out.get(), args.ldc = l.ldc, args.stride_c = l.stride_c;
   args.alpha = c.alpha, args.beta = c.beta;
+  if (c.c_apart) args.c_in = c_in.get(), args.stride_c_in = l.stride_c;
   // "dispatch": the dispatcher's default (heuristics: the ladder or the
   // vendor fallback); "cublaslt": the fallback itself; the rest: the ladder.
   const bool dispatch = variant == "dispatch" || variant == kernels::kGemmVendorVariant;
@@ -257,7 +274,7 @@ TEST_P(GemmSimtTest, MatchesFloat64Reference) {
         for (int64_t j = c.n; j < l.ldc; ++j) {
           const size_t idx = size_t(bi * l.stride_c + i * l.ldc + j);
           uint32_t want_bits = 0xFFFFFFFFu, got_bits;
-          if (ref.c0) std::memcpy(&want_bits, &ref.c0->bytes[idx * 4], 4);
+          if (ref.c0 && !c.c_apart) std::memcpy(&want_bits, &ref.c0->bytes[idx * 4], 4);
           std::memcpy(&got_bits, &got[idx], 4);
           touched += got_bits != want_bits;
         }

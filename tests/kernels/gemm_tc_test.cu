@@ -34,6 +34,7 @@ struct Case {
   int pad = 0;           // elements added to every leading dimension
   bool share_b = false;  // stride_b = 0: one B for the whole batch
   bool c_apart = false;  // beta * C read from its own buffer (c_in), C poisoned
+  bool c_shared = false;  // with c_apart: one c_in for the whole batch (stride_c_in 0)
 };
 
 std::string Name(const Case& c) {
@@ -44,7 +45,7 @@ std::string Name(const Case& c) {
   s += std::string("_") + (c.ab == DType::kF32 ? "tf32" : kernels::DTypeName(c.ab));
   s += std::string("_c") + kernels::DTypeName(c.c);
   if (c.beta != 0.f) s += "_beta";
-  if (c.c_apart) s += "_cin";
+  if (c.c_apart) s += c.c_shared ? "_cinshared" : "_cin";
   if (c.misalign) s += "_misaligned";
   if (c.pad) s += "_pad" + std::to_string(c.pad);
   return s;
@@ -118,6 +119,11 @@ Data& GetData(const Case& cs) {
   if (cs.beta != 0.f) {
     std::vector<uint8_t> tmp(nc * ec);
     FillRandom(tmp.data(), vc, nc, cs.c, seed);
+    if (cs.c_shared)  // every batch entry adds batch entry 0's C
+      for (int64_t bi = 1; bi < cs.batch; ++bi) {
+        std::memcpy(tmp.data() + size_t(bi * d.stride_c) * ec, tmp.data(), size_t(d.stride_c) * ec);
+        std::copy(vc.begin(), vc.begin() + d.stride_c, vc.begin() + bi * d.stride_c);
+      }
     for (int64_t bi = 0; bi < cs.batch; ++bi)
       for (int64_t i = 0; i < cs.m; ++i) {
         const size_t off = size_t(bi * d.stride_c + i * d.ldc) * ec;
@@ -213,7 +219,7 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
   args.allow_tf32 = cs.ab == DType::kF32;
   if (cs.c_apart) {
     args.c_in = d.c_in->get();
-    args.stride_c_in = d.stride_c;
+    args.stride_c_in = cs.c_shared ? 0 : d.stride_c;
   }
 
   // "" is the dispatcher's default (heuristics: a rung or the vendor
@@ -223,7 +229,7 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
   const kernels::Support s = ladder ? kernels::CanImplementGemmTc(args, rung)
                                     : kernels::CanImplementGemm(args, cs.variant);
   if (!s) {
-    ASSERT_FALSE(cs.variant.empty() || (cs.variant == "ladder" && !cs.c_apart))
+    ASSERT_FALSE(cs.variant.empty() || cs.variant == "ladder")
         << "the default must take every shape: " << s.reason;
     GTEST_SKIP() << cs.variant << " refuses: " << s.reason;
   }
@@ -327,10 +333,25 @@ std::vector<Case> AllCases() {
     c.alpha = 0.5f;
     c.beta = 2.f;
     c.c_apart = true;
-    add(c);  // C read from c_in (the vendor fallback's fused addend)
+    add(c);  // C read from c_in (the addend fused, no copy into C)
     c.batch = 2;
     c.share_b = true;
     add(c);  // ... with B shared by the batch (stride 0)
+    c.share_b = false;
+    c.c_shared = true;
+    add(c);  // ... one c_in for the whole batch (stride_c_in 0)
+  }
+  {
+    Case c{"", 100, 300, 3000};
+    c.beta = -1.f;
+    c.c_apart = true;
+    add(c);  // c_in through split-K (partials or a cluster) and its reduction
+    c = Case{"", 24, 1032, 520};
+    c.beta = 0.5f;
+    c.c_apart = true;
+    c.batch = 2;
+    c.c_shared = true;
+    add(c);  // c_in as C^T (swap-AB, thin tiles), shared by the batch
   }
   {
     Case c{"", 76, 300, 132};

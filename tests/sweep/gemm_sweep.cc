@@ -351,6 +351,12 @@ void RunAll(Sweep& s) {
                                                             {999, 999, 999},
                                                             {6001, 3001, 5003}})
     for (const Ty& t : all) add("odd", m, n, k, t.dt, t.tf32);
+  // Mid-size problems of one to eight waves of tiles, row pitches on 128
+  // bytes and not (the TMA boxes of an operand whose rows start off 128
+  // bytes straddle cache lines).
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {2048, 3072, 1024}, {2000, 3000, 1000}, {3072, 5120, 2048}, {1536, 2560, 1536}})
+    add("mid", m, n, k, D::kBFloat16, false);
   // Small K.
   for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{4096, 4096, 16},
                                                             {4096, 4096, 32},

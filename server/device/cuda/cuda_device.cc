@@ -423,8 +423,8 @@ absl::StatusOr<ShardRun> CudaDevice::Gemm(const GemmSpec& s, Range rows, OutputV
     const int64_t c_offset = rows.begin * s.n * int64_t(es);
     const size_t c_rows = size_t(mr * s.n) * es, c_pitch = size_t(s.m * s.n) * es;
     bool fused = false;
-    if (c_t == s.dtype && (variant.empty() || variant == k::kGemmVendorVariant)) {
-      // The vendor fallback reads beta * C where it lies: no copy into C.
+    if (c_t == s.dtype) {
+      // The kernels read beta * C where it lies: no copy into C.
       ASSIGN_OR_RETURN(args.c_in, scope.Input(*s.c, c_offset, size_t(batch_c), c_rows, c_pitch));
       args.stride_c_in = batch_c > 1 ? mr * s.n : 0;
       fused = static_cast<bool>(k::CanImplementGemm(args, variant));

@@ -48,8 +48,8 @@ struct GemmArgs {
   int64_t stride_c = 0;
   // When set and beta != 0, beta * C is read from here (ldc, c_type, batch
   // stride stride_c_in; 0: one C for the whole batch) rather than from c:
-  // the addend fused into the epilogue with no copy into c. Only the vendor
-  // fallback takes it; the ladders refuse it.
+  // the addend fused into the epilogue with no copy into c. Every ladder and
+  // the vendor fallback take it.
   const void* c_in = nullptr;
   int64_t stride_c_in = 0;
   DType ab_type = DType::kF32;  // type of A and B
