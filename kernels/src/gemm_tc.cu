@@ -72,8 +72,9 @@
 //                     in 16-byte row pieces (the fragments' 4-byte stores held
 //                     small K at 0.32-0.41x: 4096x4096x16 bf16 33.5 -> 13.7 us,
 //                     cuBLAS 13.4); with beta C is prefetched into L2 and read
-//                     a chunk at a time (tf32 2048^3 0.55x -> 0.65x; bf16
-//                     4096^3 still 0.76x); the split-K kernel takes 128 x 256,
+//                     two chunks ahead of its store, from c_in where it lies
+//                     (run 16: bf16 4096^3 0.74x -> 0.91x, tf32 2048^3 0.65x
+//                     -> 0.79x, 8*512^3 0.30x -> 0.72x); the split-K kernel takes 128 x 256,
 //                     128 x 128 or 128 x 64 tiles and its K split from a cost
 //                     model (heuristics/gemm_heuristics.h): 128^3 6.9 -> 2.8
 //                     us, 1024^3 16.2 -> 6.8 us (cuBLAS 2.1, 5.3); 4096^3 bf16
