@@ -149,7 +149,8 @@ enum class Rung {
   kWgmmaSplitK128,
   kWgmmaSplitK64,
   kWgmmaSplitK32,
-  kWgmmaSplitK16
+  kWgmmaSplitK16,
+  kWgmmaSplitK192
 };
 
 constexpr const char* kRungNames[] = {"mma_sync",
@@ -163,8 +164,9 @@ constexpr const char* kRungNames[] = {"mma_sync",
                                       "wgmma_splitk_128x128",
                                       "wgmma_splitk_128x64",
                                       "wgmma_splitk_128x32",
-                                      "wgmma_splitk_128x16"};
-constexpr int kNumRungs = 12;
+                                      "wgmma_splitk_128x16",
+                                      "wgmma_splitk_128x192"};
+constexpr int kNumRungs = 13;
 
 bool ParseRung(std::string_view name, Rung* rung) {
   for (int i = 0; i < kNumRungs; ++i)
@@ -265,6 +267,8 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m, bool c_trans
 // The tile width a split-K variant names; 0 where the plan chooses.
 int RungWidth(Rung rung) {
   switch (rung) {
+    case Rung::kWgmmaSplitK192:
+      return 192;
     case Rung::kWgmmaSplitK128:
       return 128;
     case Rung::kWgmmaSplitK64:
@@ -686,6 +690,9 @@ cudaError_t LaunchWgmmaT(const GemmArgs& a, Rung rung, void* workspace, cudaStre
   }
   if (IsSplitK(rung)) {
     switch (bn) {
+      case 192:
+        return LaunchWs<T, kTA, kTB, tc::WgmmaConfig<2, 5, 192>>(a, map_a, map_b, rung, workspace,
+                                                                 stream, c_trans);
       case 128:
         return LaunchWs<T, kTA, kTB, tc::WgmmaConfig<2, 6, 128>>(a, map_a, map_b, rung, workspace,
                                                                  stream, c_trans);

@@ -90,9 +90,10 @@ template <> struct Pair<__half> { using Type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using Type = __nv_bfloat162; };
 
 // C[row, col..col+1] = alpha * (v0, v1) + beta * C (C read from `cs` only
-// when beta != 0). `c` is this batch's C and `cs` its BatchCSrc;
-// out-of-range elements are skipped. col is even.
-template <typename Tc>
+// with kBeta, which the caller sets to p.beta != 0 once for all its stores:
+// a test per store kept ptxas from overlapping them). `c` is this batch's C
+// and `cs` its BatchCSrc; out-of-range elements are skipped. col is even.
+template <typename Tc, bool kBeta>
 __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, const Tc* cs, int row, int col,
                                         float v0, float v1) {
   if (row >= p.m || col >= p.n) return;
@@ -103,7 +104,7 @@ __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, const Tc* cs, 
   if (p.c_pairs && col + 1 < p.n) {
     using P = typename Pair<Tc>::Type;
     P* dp = reinterpret_cast<P*>(dst);
-    if (p.beta != 0.f) {
+    if constexpr (kBeta) {
       const P old = *reinterpret_cast<const P*>(cs + at);
       v0 = fmaf(p.beta, ToFloat(old.x), v0);
       v1 = fmaf(p.beta, ToFloat(old.y), v1);
@@ -114,10 +115,10 @@ __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, const Tc* cs, 
     *dp = out;
     return;
   }
-  if (p.beta != 0.f) v0 = fmaf(p.beta, ToFloat(cs[at]), v0);
+  if constexpr (kBeta) v0 = fmaf(p.beta, ToFloat(cs[at]), v0);
   dst[0] = FromFloat<Tc>(v0);
   if (col + 1 < p.n) {
-    if (p.beta != 0.f) v1 = fmaf(p.beta, ToFloat(cs[at + 1]), v1);
+    if constexpr (kBeta) v1 = fmaf(p.beta, ToFloat(cs[at + 1]), v1);
     dst[1] = FromFloat<Tc>(v1);
   }
 }

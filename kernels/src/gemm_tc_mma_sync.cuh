@@ -254,15 +254,22 @@ __global__ void __launch_bounds__(MmaSyncConfig<T>::kThreads)
     auto store = [&](auto* c) {
       using Tc = std::remove_pointer_t<decltype(c)>;
       const Tc* cs = BatchCSrc<Tc>(p, bi);
+      auto put = [&](auto beta) {
+        constexpr bool kBeta = decltype(beta)::value;
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
+        for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          const int row = m0 + wm * Cfg::kWarpM + mi * 16 + g;
-          const int col = n0 + wn * Cfg::kWarpN + ni * 8 + 2 * t;
-          StoreC2<Tc>(p, c, cs, row, col, acc[mi][ni][0], acc[mi][ni][1]);
-          StoreC2<Tc>(p, c, cs, row + 8, col, acc[mi][ni][2], acc[mi][ni][3]);
-        }
+          for (int ni = 0; ni < 4; ++ni) {
+            const int row = m0 + wm * Cfg::kWarpM + mi * 16 + g;
+            const int col = n0 + wn * Cfg::kWarpN + ni * 8 + 2 * t;
+            StoreC2<Tc, kBeta>(p, c, cs, row, col, acc[mi][ni][0], acc[mi][ni][1]);
+            StoreC2<Tc, kBeta>(p, c, cs, row + 8, col, acc[mi][ni][2], acc[mi][ni][3]);
+          }
+      };
+      if (p.beta == 0.f)
+        put(std::false_type{});
+      else
+        put(std::true_type{});
     };
     if (p.c_type == 0) store(BatchC<float>(p, bi));
     else if constexpr (std::is_same_v<T, __half>) store(BatchC<__half>(p, bi));

@@ -1,8 +1,8 @@
 // Hopper (sm_90a) building blocks of the tensor-core GEMM ladder on top of
 // sm90_primitives.cuh (mbarriers, TMA loads, wgmma fences, descriptors): the
 // GEMM-only pieces, i.e. TMA multicast and descriptor prefetch, 2-CTA cluster
-// rank / sync / remote arrive, and the m64nN wgmma instructions (N = 256, 128, 64). Included by
-// gemm_tc.cu only.
+// rank / sync / remote arrive, and the m64nN wgmma instructions (N = 256,
+// 192, 128, 64, 32, 16). Included by gemm_tc.cu only.
 //
 // Shared-memory operand layout used by every wgmma rung: one stage of an
 // operand is a stack of 128-byte rows swizzled by TMA's 128B pattern (16-byte
@@ -100,7 +100,7 @@ __device__ __forceinline__ float4 LdSharedCluster4(uint32_t addr) {
 
 // --- wgmma --------------------------------------------------------------------
 
-// One m64nN k-step (N = 256, 128, 64, 32 or 16) for the operand type T: D[64 x N]
+// One m64nN k-step (N = 256, 192, 128, 64, 32 or 16) for the operand type T: D[64 x N]
 // (fp32, N / 2 registers a thread) += A[64 x K] * B[K x N], both operands
 // read from shared memory through descriptors; K = 16 for bf16 and fp16, 8
 // for tf32 (T = float). kTransA = 1: A is M-major; kTransB = 1: B is N-major
@@ -136,6 +136,9 @@ __device__ __forceinline__ void WgmmaM64N(float (&d)[kN / 2], uint64_t desc_a, u
   if constexpr (kN == 256) {
     GC_GEMM_WGMMA_WIDTH("m64n256k16", "m64n256k8", GC_WGMMA_D128, GC_WGMMA_ACC128, "%128", "%129",
                         "%130", "%131", "%132")
+  } else if constexpr (kN == 192) {
+    GC_GEMM_WGMMA_WIDTH("m64n192k16", "m64n192k8", GC_WGMMA_D96, GC_WGMMA_ACC96, "%96", "%97",
+                        "%98", "%99", "%100")
   } else if constexpr (kN == 128) {
     GC_GEMM_WGMMA_WIDTH("m64n128k16", "m64n128k8", GC_WGMMA_D64, GC_WGMMA_ACC64, "%64", "%65",
                         "%66", "%67", "%68")
@@ -146,7 +149,7 @@ __device__ __forceinline__ void WgmmaM64N(float (&d)[kN / 2], uint64_t desc_a, u
     GC_GEMM_WGMMA_WIDTH("m64n32k16", "m64n32k8", GC_WGMMA_D16, GC_WGMMA_ACC16, "%16", "%17", "%18",
                         "%19", "%20")
   } else {
-    static_assert(kN == 16, "tile widths of the wgmma rungs: 256, 128, 64, 32, 16");
+    static_assert(kN == 16, "tile widths of the wgmma rungs: 256, 192, 128, 64, 32, 16");
     GC_GEMM_WGMMA_WIDTH("m64n16k16", "m64n16k8", GC_WGMMA_D8, GC_WGMMA_ACC8X, "%8", "%9", "%10",
                         "%11", "%12")
   }
@@ -155,7 +158,7 @@ __device__ __forceinline__ void WgmmaM64N(float (&d)[kN / 2], uint64_t desc_a, u
 #undef GC_GEMM_WGMMA_TF32
 #undef GC_GEMM_WGMMA_16BIT
 
-// One tf32 m64nNk8 k-step (N = 256, 128, 64, 32 or 16) with A from registers: D[64 x
+// One tf32 m64nNk8 k-step (N = 256, 192, 128, 64, 32 or 16) with A from registers: D[64 x
 // N] += A[64 x 8] * B[8 x N], B K-major in shared memory through `desc_b`.
 // Thread l of warp w holds A's (r, c), (r + 8, c), (r, c + 4), (r + 8, c + 4)
 // in a[0..3], r = 16 w + l / 4, c = l % 4 (the m16n8k8 tf32 layout per warp;
@@ -173,6 +176,9 @@ __device__ __forceinline__ void WgmmaM64NTf32Rs(float (&d)[kN / 2], const uint32
   if constexpr (kN == 256) {
     GC_GEMM_WGMMA_TF32_RS("m64n256k8", GC_WGMMA_D128, GC_WGMMA_ACC128, "%128, %129, %130, %131",
                           "%132", "%133");
+  } else if constexpr (kN == 192) {
+    GC_GEMM_WGMMA_TF32_RS("m64n192k8", GC_WGMMA_D96, GC_WGMMA_ACC96, "%96, %97, %98, %99", "%100",
+                          "%101");
   } else if constexpr (kN == 128) {
     GC_GEMM_WGMMA_TF32_RS("m64n128k8", GC_WGMMA_D64, GC_WGMMA_ACC64, "%64, %65, %66, %67", "%68",
                           "%69");
@@ -183,7 +189,7 @@ __device__ __forceinline__ void WgmmaM64NTf32Rs(float (&d)[kN / 2], const uint32
     GC_GEMM_WGMMA_TF32_RS("m64n32k8", GC_WGMMA_D16, GC_WGMMA_ACC16, "%16, %17, %18, %19", "%20",
                           "%21");
   } else {
-    static_assert(kN == 16, "tile widths of the wgmma rungs: 256, 128, 64, 32, 16");
+    static_assert(kN == 16, "tile widths of the wgmma rungs: 256, 192, 128, 64, 32, 16");
     GC_GEMM_WGMMA_TF32_RS("m64n16k8", GC_WGMMA_D8, GC_WGMMA_ACC8X, "%8, %9, %10, %11", "%12",
                           "%13");
   }

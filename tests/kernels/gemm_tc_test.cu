@@ -280,6 +280,7 @@ std::vector<Case> AllCases() {
                                              "wgmma_splitk_128x64",
                                              "wgmma_splitk_128x32",
                                              "wgmma_splitk_128x16",
+                                             "wgmma_splitk_128x192",
                                              "ladder",
                                              "cublaslt",
                                              ""};
@@ -417,10 +418,10 @@ GemmArgs SmallArgs() {
 
 TEST(GemmTcApi, ListsEveryRung) {
   const auto& v = kernels::GemmTcVariants();
-  for (const char* name :
-       {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
-        "wgmma_cluster_persistent", "wgmma_splitk", "wgmma_packed", "wgmma_splitk_128x128",
-        "wgmma_splitk_128x64", "wgmma_splitk_128x32", "wgmma_splitk_128x16"})
+  for (const char* name : {"mma_sync", "wgmma_tma", "wgmma_ws", "wgmma_persistent", "wgmma_cluster",
+                           "wgmma_cluster_persistent", "wgmma_splitk", "wgmma_packed",
+                           "wgmma_splitk_128x128", "wgmma_splitk_128x64", "wgmma_splitk_128x32",
+                           "wgmma_splitk_128x16", "wgmma_splitk_128x192"})
     EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
 }
 
@@ -474,7 +475,7 @@ TEST(GemmTilePlan, CoversKWithoutEmptyRanges) {
     for (bool swap : {false, true}) {
       const kernels::GemmTilePlan p = kernels::ChooseWgmmaTilePlan(m, n, kb, batch, 132, 0, swap);
       SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + " kb " + std::to_string(kb));
-      EXPECT_TRUE(p.bn == 256 || p.bn == 128 || p.bn == 64);
+      EXPECT_TRUE(p.bn == 256 || p.bn == 192 || p.bn == 128 || p.bn == 64);
       EXPECT_GE(p.splits, 1);
       EXPECT_GE(int64_t(p.splits) * p.kb_per_split, kb);      // every k-block in a range
       EXPECT_LT(int64_t(p.splits - 1) * p.kb_per_split, kb);  // no empty range
@@ -497,7 +498,20 @@ TEST(GemmTilePlan, FillsTheSmsWithTheCheapestTile) {
   EXPECT_GT(p.splits, 1);
   // A named width is kept.
   EXPECT_EQ(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 128).bn, 128);
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 192).bn, 192);
   EXPECT_EQ(kernels::ChooseWgmmaTilePlan(128, 128, 2, 1, 132, 64).bn, 64);
+}
+
+TEST(GemmTilePlan, WholeWavesOfTiles) {
+  // 2000x3000x1000 bf16 (16 k-blocks): 192 tiles of 128 x 256 are 1.45
+  // waves on 132 SMs, paid as two; 256 tiles of 128 x 192 are 1.94 waves
+  // of three quarters the work. 2048x3072: the same.
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(2000, 3000, 16, 1, 132).bn, 192);
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(2048, 3072, 16, 1, 132).bn, 192);
+  // Where 128 x 256 tiles fill their waves (2048^2: one; 8192^2: 15.5 of
+  // 16) they stay.
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(2048, 2048, 32, 1, 132).bn, 256);
+  EXPECT_EQ(kernels::ChooseWgmmaTilePlan(8192, 8192, 128, 1, 132).bn, 256);
 }
 
 TEST(GemmTilePlan, ClusterSplitsFitTheGpu) {

@@ -64,6 +64,7 @@ const std::vector<std::string> kTcVariants = {"mma_sync",
                                               "wgmma_splitk_128x64",
                                               "wgmma_splitk_128x32",
                                               "wgmma_splitk_128x16",
+                                              "wgmma_splitk_128x192",
                                               "wgmma_packed",
                                               "cublaslt"};
 const std::vector<std::string> kSimtVariants = {"warptile", "splitk", "cublaslt"};

@@ -81,8 +81,9 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
 }
 
 // --- The tile and K split of wgmma_splitk (and of wgmma_packed, which runs
-// its kernel): 128 rows by 256, 128 or 64 columns, K cut into ranges whose
-// fp32 partial sums one more kernel adds up.
+// its kernel): 128 rows by 256, 192, 128 or 64 columns (32 and 16 for thin
+// problems), K cut into ranges whose fp32 partial sums one more kernel (or
+// the tile's cluster) adds up.
 //
 // A block of the persistent kernel works on one tile at a time, so a problem
 // of few tiles leaves SMs idle (1024^3 bf16 as 32 tiles of 128 x 256: 0.33x
@@ -97,6 +98,9 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
 //   - narrower tiles run at kGemmTileSpeed of that per column (2048^3 bf16:
 //     25.7 us on 128 x 256 tiles, 29.2 on 128 x 128 in two waves, 38.6 on
 //     128 x 64 in four);
+//   - whole waves: a problem of 1.45 waves of 128 x 256 tiles costs two
+//     (2000x3000x1000 bf16: 192 tiles on 132 SMs, 0.74x cuBLAS); 128 x 192
+//     tiles cut it into 256 tiles, 1.94 waves of three quarters the work;
 //   - a split adds kGemmSplitLaunchUs and (2 splits + 1) passes over M x N
 //     fp32 values at kGemmHbmBytesPerUs (1024^3 bf16 on 128 x 128 tiles in two
 //     ranges: 17.5 us, against 7.2 us unsplit on 128 x 64 tiles).
@@ -107,8 +111,9 @@ struct GemmTileSpeed {
 // Thin tiles (32 and 16 columns, B K-major only) are bound by their loads:
 // their speeds are 64 columns' cost per k-block scaled by the bytes a stage
 // holds (20 and 18 KB against 24).
-inline constexpr GemmTileSpeed kGemmTileSpeed[] = {
-    {256, 1.0}, {128, 0.88}, {64, 0.67}, {32, 0.40}, {16, 0.22}};
+// 192 columns: 40 KB a stage for 3/4 of 256 columns' FLOPs (48 KB).
+inline constexpr GemmTileSpeed kGemmTileSpeed[] = {{256, 1.0}, {192, 0.95}, {128, 0.88},
+                                                   {64, 0.67}, {32, 0.40},  {16, 0.22}};
 // Which orientations may take thin tiles (ChooseWgmmaTilePlan's thin_sides):
 // those whose B (op(B), or op(A)^T swapped) is K-major.
 inline constexpr unsigned kGemmThinUnswapped = 1, kGemmThinSwapped = 2;
