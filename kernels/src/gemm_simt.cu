@@ -44,11 +44,20 @@
 //             small M*N and large K; slices run on 128x128 tiles or 64x128 tiles
 //             with 8x16 per lane. 1024x1024x16384: 45.2 TFLOP/s (0.87x) against
 //             27.6 (0.53x) for one slice.
+//   small tiles and padded rows (warptile and splitk; sweep-gemm.md run 18,
+//             H100, server path): small problems take 64x64 or 32x32 tiles with
+//             4x4 per lane (8 or 2 warps a block), so that they spread over
+//             more SMs: 128^3 8.5 -> 4.4 us, 256^3 10.9 -> 5.5, 512^3 21.0 ->
+//             14.4 (cuBLAS 4.4, 6.5, 12.7); operands whose rows are not on
+//             16 bytes are copied with padded rows first (PadBytes):
+//             4097x4095x4099 0.86x -> 0.91x, 6001x3001x5003 0.76x -> 0.85x.
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <iterator>
 
+#include "gemm_addend.h"
 #include "gpucompute/kernels/gemm.h"
 #include "launch_util.h"
 
@@ -311,6 +320,10 @@ using Warp64Config = TiledConfig<64, 128, 8, 8, 8, true, 4, 2, 2, true, 4, true>
 using Warp128Config = TiledConfig<128, 128, 8, 16, 8, true, 4, 2, 2, true, 2, true>;
 using Warp256Config = TiledConfig<256, 128, 8, 16, 8, true, 4, 4, 2, true, 1, true>;
 using Warp64WideConfig = TiledConfig<64, 128, 8, 8, 16, true, 8, 1, 2, true, 4, true>;
+// Small problems: 4x4 per thread, so that a tile of few outputs still has
+// several warps (a 128^3 problem is 2 tiles of 64 x 128: 2 SMs busy).
+using Warp64SmallConfig = TiledConfig<64, 64, 16, 4, 4, true, 4, 4, 2, true, 4, true>;
+using Warp32SmallConfig = TiledConfig<32, 32, 16, 4, 4, true, 4, 2, 1, true, 8, true>;
 
 // Global -> register -> shared movement of one operand tile, kBO x kBK, stored
 // k-major [kBK][kBO + 4] in shared memory. kKContig: the operand's k index is
@@ -642,21 +655,25 @@ constexpr int kMinKPerSplit = 128;
 constexpr int kMaxSplits = 128;
 
 // Tile configurations the warptile and splitk rungs choose from.
-enum class TileShape { k256x128, k128x128, k64x128, k64x128Wide };
+enum class TileShape { k256x128, k128x128, k64x128, k64x128Wide, k64x64, k32x32 };
 
 struct ShapeInfo {
   TileShape shape;
   int bm, bn;
+  int warps;          // per block
   int blocks_per_sm;  // resident blocks per SM the registers allow
   double efficiency;  // throughput at full occupancy, relative to 256x128 (4096^3, H200)
   bool for_splits;    // candidate for split-K
   bool for_one_slice;
 };
 constexpr ShapeInfo kShapes[] = {
-    {TileShape::k256x128, 256, 128, 1, 1.00, false, true},
-    {TileShape::k128x128, 128, 128, 2, 0.99, true, true},
-    {TileShape::k64x128, 64, 128, 4, 0.90, false, true},
-    {TileShape::k64x128Wide, 64, 128, 4, 0.95, true, false},
+    {TileShape::k256x128, 256, 128, 8, 1, 1.00, false, true},
+    {TileShape::k128x128, 128, 128, 4, 2, 0.99, true, true},
+    {TileShape::k64x128, 64, 128, 4, 4, 0.90, false, true},
+    {TileShape::k64x128Wide, 64, 128, 2, 4, 0.95, true, false},
+    // 16 FMA per two 16-byte shared loads: bound by shared memory.
+    {TileShape::k64x64, 64, 64, 8, 4, 0.55, true, true},
+    {TileShape::k32x32, 32, 32, 2, 8, 0.45, true, true},
 };
 
 // What a launch does: which kernel, tile, raster and K split.
@@ -671,16 +688,18 @@ struct Plan {
 // Relative time of a warp-tiled launch: the busiest SM's share of tile work in
 // units of one 128x128xK tile (blocks are spread evenly; an SM holding fewer
 // blocks than it could runs up to 16% slower, as measured for one block of
-// four warps against two), plus, for split-K, the partial traffic and the
-// reduction launch in the same unit (a 128x128xK tile at ~0.36 TFLOP/s per SM
-// against ~3 TB/s).
+// four warps against two; fewer than four warps on an SM leave some of its
+// four schedulers idle: sqrt(warps / 4) of the rate), plus, for split-K, the partial traffic and
+// the reduction launch in the same unit (a 128x128xK tile at ~0.36 TFLOP/s per SM against ~3 TB/s).
 double PlanCost(const GemmArgs& args, const ShapeInfo& info, int splits, int sms) {
   const int64_t blocks =
       CeilDiv(args.m, info.bm) * CeilDiv(args.n, info.bn) * args.batch * splits;
   const double unit = double(info.bm) * info.bn / (128.0 * 128.0) / splits;
   const int64_t per_sm = CeilDiv(blocks, sms);
   const double residency = double(std::min<int64_t>(per_sm, info.blocks_per_sm)) / info.blocks_per_sm;
-  const double rate = info.efficiency * (1.0 - 0.16 * (1.0 - residency));
+  const int warps = static_cast<int>(std::min<int64_t>(per_sm, info.blocks_per_sm)) * info.warps;
+  const double rate = info.efficiency * (1.0 - 0.16 * (1.0 - residency)) *
+                      (warps < 4 ? std::sqrt(warps / 4.0) : 1.0);
   double cost = double(per_sm) * unit / rate;
   if (splits > 1) {
     const double tile_seconds = 2.0 * 128 * 128 * double(args.k) / 0.36e12;
@@ -748,17 +767,16 @@ SimtParams MakeParams(const GemmArgs& args) {
   p.c = static_cast<float*>(args.c);
   p.ldc = args.ldc;
   p.stride_c = args.stride_c;
-  const bool c_in = args.beta != 0 && args.c_in != nullptr;
-  p.c_src = c_in ? static_cast<const float*>(args.c_in) : p.c;
-  p.stride_c_src = c_in ? args.stride_c_in : args.stride_c;
+  const GemmAddend addend = ChooseGemmAddend(args);
+  p.c_src = static_cast<const float*>(addend.ptr);
+  p.stride_c_src = addend.stride;
   p.alpha = args.alpha;
   p.beta = args.beta;
   p.trans_a = args.trans_a;
   p.trans_b = args.trans_b;
   p.vec_a = Aligned16(args.a, args.lda, args.stride_a, args.batch);
   p.vec_b = Aligned16(args.b, args.ldb, args.stride_b, args.batch);
-  p.vec_c = Aligned16(args.c, args.ldc, args.stride_c, args.batch) &&
-            (!c_in || Aligned16(args.c_in, args.ldc, args.stride_c_in, args.batch));
+  p.vec_c = GemmCAligned(args, 16);
   return p;
 }
 
@@ -776,9 +794,86 @@ cudaError_t LaunchTiled(SimtParams p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-size_t WorkspaceFor(const GemmArgs& args, const Plan& plan) {
+size_t PartialsBytes(const GemmArgs& args, const Plan& plan) {
   if (plan.splits <= 1) return 0;
   return sizeof(float) * size_t(plan.splits) * size_t(args.batch) * size_t(args.m) * size_t(args.n);
+}
+
+// --- Operands whose rows are not on 16 bytes (odd K or N, or an unaligned
+// base) take the kernels' element-by-element loads: 999^3 ran 90 us against
+// cuBLAS's 51, 1000x3000x777 144 against 121 (H100, sweep-gemm.md). Where the
+// problem is large enough that a copy is cheap beside it, such an operand is
+// first copied into the workspace with its rows padded to 16 bytes
+// (cudaMemcpy2DAsync), and the kernels read the copy with 16-byte loads.
+constexpr double kPadMinVolume = 134217728.0;  // batch * m * n * k, 2^27 (512^3)
+constexpr int64_t kPadMaxCopies = 64;          // one 2-D copy per batch entry, at most
+
+// One operand as stored: `rows` rows of `cols` floats, `ld` apart, per batch
+// entry `stride` apart (`count` entries stored; 1 when shared).
+struct OperandRows {
+  const void* ptr;
+  int64_t rows, cols, ld, stride, count;
+};
+OperandRows RowsA(const GemmArgs& a) {
+  return {a.a,
+          a.trans_a ? a.k : a.m,
+          a.trans_a ? a.m : a.k,
+          a.lda,
+          a.stride_a,
+          a.batch > 1 && a.stride_a != 0 ? a.batch : 1};
+}
+OperandRows RowsB(const GemmArgs& a) {
+  return {a.b,
+          a.trans_b ? a.n : a.k,
+          a.trans_b ? a.k : a.n,
+          a.ldb,
+          a.stride_b,
+          a.batch > 1 && a.stride_b != 0 ? a.batch : 1};
+}
+int64_t PaddedLd(int64_t cols) { return CeilDiv(cols, 4) * 4; }
+
+// Bytes of the padded copy of `o`, 0 when it is not copied.
+size_t PadBytes(const GemmArgs& args, const OperandRows& o) {
+  const double volume = double(args.batch) * double(args.m) * double(args.n) * double(args.k);
+  if (Aligned16(o.ptr, o.ld, o.stride, args.batch) || volume < kPadMinVolume) return 0;
+  const bool contiguous = o.count == 1 || o.stride == o.rows * o.ld;
+  if (!contiguous && o.count > kPadMaxCopies) return 0;
+  const size_t bytes = sizeof(float) * size_t(o.rows) * size_t(PaddedLd(o.cols)) * size_t(o.count);
+  return CeilDiv(int64_t(bytes), 256) * 256;  // the next region stays 256-byte aligned
+}
+
+// Copies `o` into `dst` with rows of PaddedLd(cols) floats; *ptr, *ld and
+// *stride then describe the copy.
+cudaError_t PadOperand(const OperandRows& o, void* dst, const float** ptr, int64_t* ld,
+                       int64_t* stride, cudaStream_t stream) {
+  const int64_t pld = PaddedLd(o.cols);
+  const size_t width = sizeof(float) * size_t(o.cols);
+  if (o.count == 1 || o.stride == o.rows * o.ld) {
+    // The batch entries follow each other: one copy of rows * count rows.
+    if (cudaError_t e =
+            cudaMemcpy2DAsync(dst, sizeof(float) * pld, o.ptr, sizeof(float) * o.ld, width,
+                              size_t(o.rows * o.count), cudaMemcpyDeviceToDevice, stream);
+        e != cudaSuccess)
+      return e;
+  } else {
+    for (int64_t b = 0; b < o.count; ++b)
+      if (cudaError_t e = cudaMemcpy2DAsync(
+              static_cast<float*>(dst) + b * o.rows * pld, sizeof(float) * pld,
+              static_cast<const float*>(o.ptr) + b * o.stride, sizeof(float) * o.ld, width,
+              size_t(o.rows), cudaMemcpyDeviceToDevice, stream);
+          e != cudaSuccess)
+        return e;
+  }
+  *ptr = static_cast<const float*>(dst);
+  *ld = pld;
+  *stride = o.count > 1 ? o.rows * pld : 0;
+  return cudaSuccess;
+}
+
+// The warptile and splitk rungs' workspace: [A copy][B copy][split-K partials].
+size_t WorkspaceFor(const GemmArgs& args, const Plan& plan) {
+  if (plan.rung != Rung::kWarptile && plan.rung != Rung::kSplitK) return 0;
+  return PadBytes(args, RowsA(args)) + PadBytes(args, RowsB(args)) + PartialsBytes(args, plan);
 }
 
 Support CheckArgs(const GemmArgs& args) {
@@ -842,6 +937,24 @@ cudaError_t LaunchGemmSimt(const GemmArgs& args, std::string_view variant, void*
     plan = MakePlan(args, Rung::kWarptile, false, SmCount());  // no scratch: one slice
   }
   SimtParams p = MakeParams(args);
+  char* ws = static_cast<char*>(workspace);
+  if (ws != nullptr && (plan.rung == Rung::kWarptile || plan.rung == Rung::kSplitK)) {
+    // Unaligned rows copied padded (PadBytes); without a workspace the
+    // kernels read them element by element.
+    const OperandRows oa = RowsA(args), ob = RowsB(args);
+    if (const size_t bytes = PadBytes(args, oa); bytes != 0) {
+      if (cudaError_t e = PadOperand(oa, ws, &p.a, &p.lda, &p.stride_a, stream); e != cudaSuccess)
+        return e;
+      p.vec_a = true;
+      ws += bytes;
+    }
+    if (const size_t bytes = PadBytes(args, ob); bytes != 0) {
+      if (cudaError_t e = PadOperand(ob, ws, &p.b, &p.ldb, &p.stride_b, stream); e != cudaSuccess)
+        return e;
+      p.vec_b = true;
+      ws += bytes;
+    }
+  }
   p.swizzle_group = plan.swizzle_group;
   switch (plan.rung) {
     case Rung::kNaive: {
@@ -879,13 +992,13 @@ cudaError_t LaunchGemmSimt(const GemmArgs& args, std::string_view variant, void*
     // Partials [batch][splits][m][n] in the workspace, alpha 1, beta 0.
     q.splits = plan.splits;
     q.k_per_split = plan.k_per_split;
-    q.c = static_cast<float*>(workspace);
+    q.c = reinterpret_cast<float*>(ws);
     q.ldc = q.n;
     q.stride_split = int64_t(q.m) * q.n;
     q.stride_c = q.stride_split * q.splits;
     q.alpha = 1.f;
     q.beta = 0.f;
-    q.vec_c = reinterpret_cast<uintptr_t>(workspace) % 16 == 0 && q.n % 4 == 0;
+    q.vec_c = reinterpret_cast<uintptr_t>(ws) % 16 == 0 && q.n % 4 == 0;
   }
   cudaError_t err = cudaSuccess;
   switch (plan.shape) {
@@ -893,6 +1006,12 @@ cudaError_t LaunchGemmSimt(const GemmArgs& args, std::string_view variant, void*
     case TileShape::k128x128: err = LaunchTiled<Warp128Config>(q, stream); break;
     case TileShape::k64x128: err = LaunchTiled<Warp64Config>(q, stream); break;
     case TileShape::k64x128Wide: err = LaunchTiled<Warp64WideConfig>(q, stream); break;
+    case TileShape::k64x64:
+      err = LaunchTiled<Warp64SmallConfig>(q, stream);
+      break;
+    case TileShape::k32x32:
+      err = LaunchTiled<Warp32SmallConfig>(q, stream);
+      break;
   }
   if (err != cudaSuccess || plan.splits <= 1) return err;
   p.splits = plan.splits;

@@ -81,6 +81,12 @@
 //                     0.91x -> 0.98x, fp16 0.91x -> 0.99x.
 //   wgmma_splitk_128x128, wgmma_splitk_128x64   the split-K kernel on the
 //                     named tile (tests and the sweep force each width).
+//   wgmma_splitk_128x192  a 192-column tile (m64n192 wgmma, 5 stages of 40 KB)
+//                     for problems that 128 x 256 tiles leave with a partial
+//                     last wave (the cost model counts whole waves):
+//                     2048x3072x1024 bf16 (192 tiles of 128 x 256, 1.45 waves;
+//                     256 of 128 x 192, 1.94) 24.4 -> 22.0 us, cuBLAS 20.2;
+//                     16384x16384x128 tf32 0.98x (H100, sweep-gemm.md run 18).
 //   swap-AB           wgmma_splitk and wgmma_packed with fewer than 128 rows
 //                     may compute C^T = op(B)^T op(A)^T instead, written
 //                     transposed (c_trans): the wide side fills the tiles'
@@ -125,6 +131,7 @@
 #include <mutex>
 #include <string>
 
+#include "gemm_addend.h"
 #include "gemm_tc_common.cuh"
 #include "gemm_tc_mma_sync.cuh"
 #include "gemm_tc_wgmma.cuh"
@@ -237,19 +244,14 @@ TcParams MakeParams(const GemmArgs& a, int bm, int bn, int group_m, bool c_trans
   p.c = a.c;
   p.ldc = a.ldc;
   p.stride_c = a.stride_c;
-  const bool c_in = a.beta != 0 && a.c_in != nullptr;
-  p.c_src = c_in ? a.c_in : a.c;
-  p.stride_c_src = c_in ? a.stride_c_in : a.stride_c;
+  const GemmAddend addend = ChooseGemmAddend(a);
+  p.c_src = addend.ptr;
+  p.stride_c_src = addend.stride;
   p.alpha = a.alpha;
   p.beta = a.beta;
   p.c_type = static_cast<int>(a.c_type);
-  // Pairs and 16-byte pieces of C, and of the addend where it lies elsewhere.
-  auto on = [&](const void* ptr, int64_t stride, int64_t bytes) {
-    return Aligned(ptr, bytes) && (a.ldc * int64_t(cs)) % bytes == 0 &&
-           (a.batch <= 1 || (stride * int64_t(cs)) % bytes == 0);
-  };
-  p.c_pairs = on(a.c, a.stride_c, 2 * cs) && (!c_in || on(a.c_in, a.stride_c_in, 2 * cs));
-  p.c_vec = on(a.c, a.stride_c, 16) && (!c_in || on(a.c_in, a.stride_c_in, 16));
+  p.c_pairs = GemmCAligned(a, 2 * cs);
+  p.c_vec = GemmCAligned(a, 16);
   p.c_trans = c_trans;
   p.a_vec =
       Aligned(a.a, 16) && (a.lda * es) % 16 == 0 && (a.batch <= 1 || (a.stride_a * es) % 16 == 0);
@@ -569,6 +571,11 @@ constexpr CUtensorMapDataType TmaType() {
 
 // A 3-D map (inner, outer, batch) over a row-major operand with 128B swizzle
 // and zero fill outside the tensor. batch_stride 0: one matrix for all batches.
+// Rows on 128 bytes are promoted to 256-byte L2 fetches; rows off 128 bytes
+// are not (each 128-byte box row then straddles two lines, and the promotion
+// fetched around both: 2000x3000x1000 bf16 on 128 x 192 tiles 35.9 -> 31.9
+// us, 3000x5000x2000 on wgmma_ws 138.5 -> 121.8 us on an H100; rows on 128
+// bytes ran the same either way).
 template <typename T>
 bool EncodeOperand(CUtensorMap* map, const void* ptr, int64_t inner, int64_t outer, int64_t ld,
                    int64_t batch, int64_t batch_stride, uint32_t box_inner, uint32_t box_outer) {
@@ -585,7 +592,8 @@ bool EncodeOperand(CUtensorMap* map, const void* ptr, int64_t inner, int64_t out
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   return encode(map, TmaType<T>(), 3, const_cast<void*>(ptr), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                (ld * es) % 128 == 0 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                     : CU_TENSOR_MAP_L2_PROMOTION_NONE,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 

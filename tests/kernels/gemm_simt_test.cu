@@ -94,6 +94,19 @@ std::vector<GemmCase> Cases() {
   for (bool t : {false, true}) cases.push_back(GemmCase{"", 64, 96, 16384, t, false});
   // Whole tiles only.
   cases.push_back(GemmCase{"", 256, 256, 64});
+  // Rows off 16 bytes in problems large enough to be copied with padded
+  // rows first: a strided batch (one copy per entry), a shared operand, an
+  // unaligned base.
+  for (bool t : {false, true}) {
+    GemmCase c{"padcopy_batch3", 515, 517, 519, t, !t, 3};
+    c.pad = 3, c.beta = 0.5f, c.share_b = t;
+    cases.push_back(c);
+  }
+  {
+    GemmCase c{"padcopy_offset4", 601, 603, 605, true, true};
+    c.offset_bytes = 4, c.alpha = -1.5f;
+    cases.push_back(c);
+  }
   return cases;
 }
 

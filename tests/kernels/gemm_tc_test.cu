@@ -594,6 +594,17 @@ TEST(GemmVariant, Tf32NnTakesOursOnlyOnItsClasses) {
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
   s.trans_b = true;  // NT: the vendor
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.trans_b = false;
+  s.m = s.n = 4096;
+  s.k = 16;  // short K over a large C
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.k = 256;  // longer: the vendor
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.m = s.n = 512;
+  s.k = 64;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");  // a small C
+  s.batch = 32;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");  // 32 of them
 }
 
 TEST(GemmTcApi, EmptyProblemIsANoOp) {

@@ -54,6 +54,8 @@ struct GemmShape {
 // Problems at least this large (batch * M * N * K) pay for wgmma_packed's
 // copies: 1000x3000x777 (2.3e9) ran 1.99x cuBLAS, 999^3 (1.0e9) 0.63-0.70x.
 inline constexpr double kGemmPackedMinVolume = 2147483648.0;
+// tf32 NN with K up to this over at least 2^23 outputs runs ours (below).
+inline constexpr int64_t kGemmTf32ShortK = 128;
 
 // The variant the default runs: "cublaslt" (the vendor fallback), a rung of
 // the dtype's ladder by name, or "" for the ladder's own choice.
@@ -73,9 +75,14 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // 256x4096x4096 with B shared: 1.17-1.21x) and long K over few outputs
   // (K >= 64 max(M, N): 256x256x65536 1.33x, 512x512x32768 1.13x) are ahead
   // of cuBLAS's tf32 NN kernels; beta is not (C^T read element by element).
+  // Short K (at most 128) over a large C, since C^T's stores no longer test
+  // beta per element (sweep-gemm.md runs 17 and 19): 4096x4096x16 to 16384^2 x
+  // 128 1.08-1.31x on an H200; those and 32 x 512x512x64 0.96-1.30x on an H100.
   if (s.tf32 && !s.trans_a && !s.trans_b && s.tma_ok && !s.beta) {
     if (s.batch > 1 && volume >= kGemmPackedMinVolume) return "wgmma_splitk";
     if (s.k >= 64 * std::max(s.m, s.n) && s.m * s.n >= 65536) return "wgmma_splitk";
+    if (s.k <= kGemmTf32ShortK && double(s.m) * double(s.n) * double(s.batch) >= 8388608.0)
+      return "wgmma_splitk";
   }
   return "cublaslt";
 }
@@ -111,8 +118,10 @@ struct GemmTileSpeed {
 // Thin tiles (32 and 16 columns, B K-major only) are bound by their loads:
 // their speeds are 64 columns' cost per k-block scaled by the bytes a stage
 // holds (20 and 18 KB against 24).
-// 192 columns: 40 KB a stage for 3/4 of 256 columns' FLOPs (48 KB).
-inline constexpr GemmTileSpeed kGemmTileSpeed[] = {{256, 1.0}, {192, 0.95}, {128, 0.88},
+// 192 columns (40 KB a stage for 3/4 of 256 columns' FLOPs): 2048x3072x1024
+// bf16 in two waves of each ran 22.0 us on 128 x 192 tiles, 26.2 on 128 x 256
+// (H100, sweep-gemm.md run 18): 0.75 / (22.0 / 26.2) = 0.89.
+inline constexpr GemmTileSpeed kGemmTileSpeed[] = {{256, 1.0}, {192, 0.89}, {128, 0.88},
                                                    {64, 0.67}, {32, 0.40},  {16, 0.22}};
 // Which orientations may take thin tiles (ChooseWgmmaTilePlan's thin_sides):
 // those whose B (op(B), or op(A)^T swapped) is K-major.
