@@ -814,21 +814,15 @@ struct OperandRows {
   const void* ptr;
   int64_t rows, cols, ld, stride, count;
 };
-OperandRows RowsA(const GemmArgs& a) {
-  return {a.a,
-          a.trans_a ? a.k : a.m,
-          a.trans_a ? a.m : a.k,
-          a.lda,
-          a.stride_a,
-          a.batch > 1 && a.stride_a != 0 ? a.batch : 1};
+OperandRows StoredRows(const void* ptr, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                       int64_t batch) {
+  return {ptr, rows, cols, ld, stride, batch > 1 && stride != 0 ? batch : 1};
 }
-OperandRows RowsB(const GemmArgs& a) {
-  return {a.b,
-          a.trans_b ? a.n : a.k,
-          a.trans_b ? a.k : a.n,
-          a.ldb,
-          a.stride_b,
-          a.batch > 1 && a.stride_b != 0 ? a.batch : 1};
+OperandRows RowsA(const GemmArgs& a) {  // [m][k], or [k][m] transposed
+  return StoredRows(a.a, a.trans_a ? a.k : a.m, a.trans_a ? a.m : a.k, a.lda, a.stride_a, a.batch);
+}
+OperandRows RowsB(const GemmArgs& a) {  // [k][n], or [n][k] transposed
+  return StoredRows(a.b, a.trans_b ? a.n : a.k, a.trans_b ? a.k : a.n, a.ldb, a.stride_b, a.batch);
 }
 int64_t PaddedLd(int64_t cols) { return CeilDiv(cols, 4) * 4; }
 
