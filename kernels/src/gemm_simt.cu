@@ -689,8 +689,9 @@ struct Plan {
 // units of one 128x128xK tile (blocks are spread evenly; an SM holding fewer
 // blocks than it could runs up to 16% slower, as measured for one block of
 // four warps against two; fewer than four warps on an SM leave some of its
-// four schedulers idle: sqrt(warps / 4) of the rate), plus, for split-K, the partial traffic and
-// the reduction launch in the same unit (a 128x128xK tile at ~0.36 TFLOP/s per SM against ~3 TB/s).
+// four schedulers idle: sqrt(warps / 4) of the rate), plus, for split-K, the
+// partial traffic and the reduction launch in the same unit (a 128x128xK tile
+// at ~0.36 TFLOP/s per SM against ~3 TB/s).
 double PlanCost(const GemmArgs& args, const ShapeInfo& info, int splits, int sms) {
   const int64_t blocks =
       CeilDiv(args.m, info.bm) * CeilDiv(args.n, info.bn) * args.batch * splits;

@@ -106,8 +106,10 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
 //     25.7 us on 128 x 256 tiles, 29.2 on 128 x 128 in two waves, 38.6 on
 //     128 x 64 in four);
 //   - whole waves: a problem of 1.45 waves of 128 x 256 tiles costs two
-//     (2000x3000x1000 bf16: 192 tiles on 132 SMs, 0.74x cuBLAS); 128 x 192
-//     tiles cut it into 256 tiles, 1.94 waves of three quarters the work;
+//     (2048x3072x1024 bf16: 192 tiles on 132 SMs, 0.83x cuBLAS); 128 x 192
+//     tiles cut it into 256 tiles, 1.94 waves of three quarters the work
+//     (0.90x, sweep-gemm.md run 18; 2000x3000x1000, whose rows are off 128
+//     bytes, stays at 0.79x on either);
 //   - a split adds kGemmSplitLaunchUs and (2 splits + 1) passes over M x N
 //     fp32 values at kGemmHbmBytesPerUs (1024^3 bf16 on 128 x 128 tiles in two
 //     ranges: 17.5 us, against 7.2 us unsplit on 128 x 64 tiles).
