@@ -89,9 +89,22 @@ template <> struct Pair<float> { using Type = float2; };
 template <> struct Pair<__half> { using Type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using Type = __nv_bfloat162; };
 
+// Runs store(std::false_type{}) when beta is 0, else store(std::true_type{}):
+// a store loop instantiated once per case, so that the beta == 0 copy has no
+// test per store and no loads of C (with them ptxas kept the stores in
+// order). The loop takes the case as `constexpr bool kBeta =
+// decltype(beta)::value` for StoreC2.
+template <typename F>
+__device__ __forceinline__ void WithBeta(float beta, F&& store) {
+  if (beta == 0.f)
+    store(std::false_type{});
+  else
+    store(std::true_type{});
+}
+
 // C[row, col..col+1] = alpha * (v0, v1) + beta * C (C read from `cs` only
-// with kBeta, which the caller sets to p.beta != 0 once for all its stores:
-// a test per store kept ptxas from overlapping them). `c` is this batch's C
+// with kBeta, which the caller sets to p.beta != 0 once for all its stores
+// through WithBeta). `c` is this batch's C
 // and `cs` its BatchCSrc; out-of-range elements are skipped. col is even.
 template <typename Tc, bool kBeta>
 __device__ __forceinline__ void StoreC2(const TcParams& p, Tc* c, const Tc* cs, int row, int col,

@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(MmaSyncConfig<T>::kThreads)
     auto store = [&](auto* c) {
       using Tc = std::remove_pointer_t<decltype(c)>;
       const Tc* cs = BatchCSrc<Tc>(p, bi);
-      auto put = [&](auto beta) {
+      WithBeta(p.beta, [&](auto beta) {
         constexpr bool kBeta = decltype(beta)::value;
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
@@ -265,11 +265,7 @@ __global__ void __launch_bounds__(MmaSyncConfig<T>::kThreads)
             StoreC2<Tc, kBeta>(p, c, cs, row, col, acc[mi][ni][0], acc[mi][ni][1]);
             StoreC2<Tc, kBeta>(p, c, cs, row + 8, col, acc[mi][ni][2], acc[mi][ni][3]);
           }
-      };
-      if (p.beta == 0.f)
-        put(std::false_type{});
-      else
-        put(std::true_type{});
+      });
     };
     if (p.c_type == 0) store(BatchC<float>(p, bi));
     else if constexpr (std::is_same_v<T, __half>) store(BatchC<__half>(p, bi));

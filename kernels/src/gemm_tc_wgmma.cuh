@@ -216,18 +216,14 @@ __device__ __forceinline__ void Epilogue(const TcParams& p, int bi, int row0, in
       }
       return;
     }
-    auto put = [&](auto beta) {
+    WithBeta(p.beta, [&](auto beta) {
       constexpr bool kBeta = decltype(beta)::value;
 #pragma unroll
       for (int i = 0; i < kAcc / 4; ++i) {
         StoreC2<Tc, kBeta>(p, c, cs, row, col + 8 * i, d[4 * i], d[4 * i + 1]);
         StoreC2<Tc, kBeta>(p, c, cs, row + 8, col + 8 * i, d[4 * i + 2], d[4 * i + 3]);
       }
-    };
-    if (p.beta == 0.f)
-      put(std::false_type{});
-    else
-      put(std::true_type{});
+    });
   };
   if (p.c_type == 0) store(BatchC<float>(p, bi));
   else if constexpr (std::is_same_v<T, __half>) store(BatchC<__half>(p, bi));
