@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpucompute/kernels/attention.h"
+#include "kernels/src/heuristics/attention_heuristics.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace gpucompute::testing {
@@ -275,6 +276,40 @@ TEST(AttentionArgsTest, RefusesBadArguments) {
   EXPECT_TRUE(kernels::CanImplementAttention(a, "flash_mma"));
   EXPECT_EQ(kernels::AttentionVariantName(a, "flash_mma"), "flash_mma");
   EXPECT_FALSE(kernels::AttentionVariantName(a, "").empty());
+}
+
+// The default's choice between flash_mma and flash_wgmma_overlap
+// (heuristics/attention_heuristics.h), host only: by packed query rows, the
+// query heads of one kv head times seq_q.
+TEST(AttentionVariant, PackedRowsPickTheTile) {
+  kernels::AttentionShape s;
+  s.batch = 8;
+  s.heads_q = 32;
+  s.heads_kv = 8;
+  s.seq_kv = 32768;
+  s.head_dim = s.wgmma_head_dim = 128;
+  s.causal = true;
+  s.wgmma_ok = s.mma_ok = true;
+  for (int64_t sq : {1, 4, 16}) {  // decode: 4-64 packed rows
+    s.seq_q = sq;
+    EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma") << sq;
+  }
+  for (int64_t sq : {17, 24, 32, 64, 127, 128, 4096}) {  // short chunks and prefill
+    s.seq_q = sq;
+    EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap") << sq;
+  }
+  s.heads_kv = 32;  // no grouping: 64 rows stay on flash_mma, 65 do not
+  s.seq_q = 64;
+  EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma");
+  s.seq_q = 65;
+  EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap");
+  s.wgmma_ok = false;  // fp32 inputs, no sm_90: flash_mma at any length
+  EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma");
+  s.mma_ok = false;
+  EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "reference");
+  s.wgmma_ok = true;  // only flash_wgmma takes them: it runs at any length
+  s.seq_q = 1;
+  EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap");
 }
 
 }  // namespace

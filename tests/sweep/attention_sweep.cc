@@ -368,6 +368,41 @@ void RunAll(Sweep& s) {
   for (int64_t n : {1000, 3000, 8191}) add("odd", 2, 16, 16, n, n, 128, true);
   add("odd", 3, 12, 4, 777, 1999, 64, false);
   add("odd", 8, 16, 16, 333, 333, 128, true);
+  // Cross-attention: many queries against a short or odd-length key set
+  // (text conditioning, encoder outputs), no mask.
+  add("cross", 2, 8, 8, 4096, 77, 64, false);
+  add("cross", 8, 8, 8, 1024, 77, 64, false);
+  add("cross", 4, 16, 16, 1024, 256, 128, false);
+  add("cross", 16, 20, 20, 448, 1500, 64, false);
+  add("cross", 1, 16, 16, 2048, 8192, 128, false);
+  // Short chunks against a cache (speculative decoding, small prefill
+  // chunks): between decode's few rows and a 128-row tile, causal.
+  add("spec", 1, 32, 8, 32, 8192, 128, true);
+  add("spec", 4, 32, 8, 64, 16384, 128, true);
+  add("spec", 8, 32, 32, 64, 4096, 128, true);
+  add("spec", 16, 32, 8, 24, 2048, 128, true);
+  add("spec", 2, 16, 16, 96, 4096, 64, true);
+  add("spec", 8, 32, 4, 16, 8192, 128, true);
+  add("spec", 8, 32, 32, 32, 4096, 128, true);
+  add("spec", 4, 32, 4, 8, 16384, 128, true);
+  // One request under a wave of tiles, and encoders' short sequences.
+  add("small", 1, 8, 8, 512, 512, 128, true);
+  add("small", 1, 16, 16, 1024, 1024, 64, false);
+  add("small", 1, 32, 8, 256, 256, 128, true);
+  add("small", 64, 12, 12, 197, 197, 64, false);
+  add("small", 32, 12, 12, 128, 128, 64, false);
+  // Decode without grouped heads, short caches, other head dims.
+  add("decode", 32, 32, 32, 1, 2048, 128, false);
+  add("decode", 1, 32, 8, 1, 1024, 128, false);
+  add("decode", 1, 32, 8, 1, 4096, 128, false);
+  add("decode", 4, 32, 8, 1, 2048, 64, false);
+  add("decode", 4, 8, 1, 1, 16384, 256, false);
+  add("decode", 16, 32, 8, 1, 8192, 96, false);
+  add("decode", 64, 32, 8, 2, 2048, 128, true);
+  // Long sequences at head dims other than 64 and 128.
+  add("head_dim", 1, 16, 16, 8192, 8192, 256, true);
+  add("head_dim", 2, 24, 24, 4096, 4096, 96, false);
+  add("head_dim", 1, 32, 32, 4096, 4096, 80, true);
   // float32 inputs: float32 throughout (the score matrix of the last two,
   // 4 and 8.6 GB, goes in blocks of query rows).
   add("fp32", 4, 16, 16, 1024, 1024, 64, true, D::kFloat32);

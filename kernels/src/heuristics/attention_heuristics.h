@@ -5,13 +5,14 @@
 //
 // Derived from the server-path sweep (tests/sweep/attention_sweep.cc; table
 // and command in kernels/bench/results/sweep-attention.md), which times every
-// version on every shape of its list (106 cases, 9 classes), against PyTorch
+// version on every shape of its list (137 cases in 13 classes since run 29,
+// where the list grew by shapes outside it), against PyTorch
 // SDPA's cuDNN and FlashAttention-2 backends in the same run, and from the
 // ladder benchmark (kernels/bench/results/attention.md). Final run (12),
 // each version forced, x the faster vendor:
 //   - flash_wgmma_overlap (TMA, wgmma, producer + consumer warpgroups, both
-//     of FlashAttention-3's overlaps, split-KV) is the fastest from 128 query
-//     rows: squares 0.81-1.11x, head dims 0.95-1.05x, GQA 0.95-1.02x, causal
+//     of FlashAttention-3's overlaps, split-KV) is the fastest past 64 packed
+//     query rows (below), its 128-row tile partly empty under 128: squares 0.81-1.11x, head dims 0.95-1.05x, GQA 0.95-1.02x, causal
 //     chunked prefill 1.08-2.00x; 0.99-1.17x the speed of flash_wgmma (in
 //     order), where flash_mma reaches 0.21-0.70x;
 //   - flash_mma packs the query heads of one kv head into its tile rows and
@@ -41,13 +42,22 @@ struct AttentionShape {
   bool mma_ok = false;    // flash_mma takes them
 };
 
-// Query rows (seq_q) from which flash_wgmma's 128-row tiles beat flash_mma's
-// packed rows and key splits.
-inline constexpr int64_t kAttentionWgmmaMinRows = 128;
+// Packed query rows (query heads per kv head x seq_q) up to which flash_mma
+// runs: its 16-row decode tile and 64-row tile read K and V once for every
+// query head of a kv head. Past them flash_wgmma_overlap's 128-row tiles win
+// even when seq_q fills a fraction of a tile (sweep run 29, H100, each
+// version forced, x the faster vendor; packed rows in brackets):
+// Sq 1-16 with 4 query heads per kv head [4-64]: flash_mma 2.35-3.82x,
+// overlap 1.28-1.86x; Sq 64 without grouping [64]: 1.17x against 1.21x;
+// Sq 24 [96]: 1.64x against 1.79x; Sq 32 [128]: 0.92x against 1.49x; Sq 64
+// [256]: 0.59x against 1.16x; Sq 96 [96]: 0.87x against 1.57x.
+inline constexpr int64_t kAttentionMmaMaxPackedRows = 64;
 
 // The version the default runs, by name.
 inline const char* ChooseAttentionVariant(const AttentionShape& s) {
-  if (s.wgmma_ok && s.seq_q >= kAttentionWgmmaMinRows) return "flash_wgmma_overlap";
+  const int64_t packed = s.heads_kv > 0 ? s.heads_q / s.heads_kv * s.seq_q : s.seq_q;
+  if (s.wgmma_ok && (packed > kAttentionMmaMaxPackedRows || !s.mma_ok))
+    return "flash_wgmma_overlap";
   if (s.mma_ok) return "flash_mma";
   return "reference";
 }
