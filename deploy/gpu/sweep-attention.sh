@@ -10,8 +10,10 @@
 # Logs, sweep-attention.json (ours), sweep-attention-merged.json and
 # sweep-attention.md go to $OUT; the summary is printed last. SKIP_TESTS=1
 # leaves out part 1; SWEEP_ARGS passes flags to gc_sweep_attention (e.g.
-# --filter=decode, --no-variants), VENDOR_ARGS to attention_vendor.py;
-# COOLDOWN_MS=N to both (the GPU idles N ms before each timing).
+# --filter=decode, --no-variants; --random=60 for 60 random shapes of its
+# classes instead of its list, the seed in the command), VENDOR_ARGS to
+# attention_vendor.py; COOLDOWN_MS=N to both (the GPU idles N ms before each
+# timing).
 set -u
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpucompute-sweep}

@@ -2,6 +2,7 @@
 //
 //   gc_sweep_attention [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
 //                      [--no-variants] [--cooldown_ms=N] [--gap_us=N]
+//                      [--random=N [--seed=S]] [--list]
 //
 // Each case builds the AttentionSpec as the service does, Q, K and V resident
 // in device memory (fresh uniform values) and the result kept there
@@ -306,7 +307,8 @@ class Sweep {
 };
 
 // The case list: classes of shapes that serving and training send.
-void RunAll(Sweep& s) {
+std::vector<Case> ListedCases() {
+  std::vector<Case> cases;
   auto add = [&](const std::string& cls, int64_t b, int64_t hq, int64_t hkv, int64_t sq,
                  int64_t skv, int64_t d, bool causal, D dt = D::kBFloat16, bool lse = false) {
     Case c;
@@ -320,7 +322,7 @@ void RunAll(Sweep& s) {
     c.causal = causal;
     c.dtype = dt;
     c.lse = lse;
-    s.Attention(c);
+    cases.push_back(c);
   };
   // Prefill squares, 16k tokens, heads * D = 2048.
   for (int64_t d : {64, 128})
@@ -408,6 +410,80 @@ void RunAll(Sweep& s) {
   add("fp32", 4, 16, 16, 1024, 1024, 64, true, D::kFloat32);
   add("fp32", 1, 16, 16, 8192, 8192, 64, true, D::kFloat32);
   add("fp32", 2, 16, 16, 8192, 8192, 128, false, D::kFloat32);
+  return cases;
+}
+
+// `n` random shapes of four classes (--random): prefill (Sq = Skv, 64 to
+// 16k, causal or not), decode (Sq 1-16 against 512 to 128k keys), chunks
+// (causal, 17 to 2048 rows against a longer cache) and cross-attention (no
+// mask, 64 to 8k queries against 16 to 4k keys). Lengths and heads are
+// log-uniform, half of them odd; head dims 64 or 128 half the time, else any
+// multiple of 8 to 256; 1, 2, 4 or 8 query heads per kv head; bf16, fp16 one
+// time in five, the LSE one time in five. The batch (1-64) and then the heads
+// and lengths are halved until Q, K and V fit 1 GiB each and the request is
+// at most 2 TFLOP.
+std::vector<Case> RandomCases(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto size = [&](int64_t lo, int64_t hi) {
+    const double x = std::exp(std::uniform_real_distribution<double>(
+        std::log(double(lo)), std::log(double(hi) + 1))(rng));
+    int64_t v = std::clamp<int64_t>(int64_t(x), lo, hi);
+    if (rng() % 2) v = std::clamp<int64_t>(int64_t(1) << std::lround(std::log2(double(v))), lo, hi);
+    return v;
+  };
+  std::vector<Case> cases;
+  for (int i = 0; i < n; ++i) {
+    Case c;
+    c.d = rng() % 2 ? (rng() % 2 ? 64 : 128) : 8 * int64_t(1 + rng() % 32);
+    const int64_t group = int64_t(1) << (rng() % 4);
+    c.hkv = std::min<int64_t>(size(1, 32), 64 / group);
+    c.hq = c.hkv * group;
+    switch (rng() % 4) {
+      case 0:
+        c.cls = "rnd_prefill";
+        c.sq = c.skv = size(64, 16384);
+        c.causal = rng() % 2;
+        break;
+      case 1:
+        c.cls = "rnd_decode";
+        c.sq = size(1, 16);
+        c.skv = size(512, 131072);
+        c.causal = c.sq > 1 && rng() % 2;
+        break;
+      case 2:
+        c.cls = "rnd_chunk";
+        c.skv = size(1024, 32768);
+        c.sq = size(17, std::min<int64_t>(2048, c.skv - 1));
+        c.causal = true;
+        break;
+      default:
+        c.cls = "rnd_cross";
+        c.sq = size(64, 8192);
+        c.skv = size(16, 4096);
+        break;
+    }
+    c.b = size(1, 64);
+    c.dtype = rng() % 5 == 0 ? D::kFloat16 : D::kBFloat16;
+    c.lse = rng() % 5 == 0;
+    auto too_big = [&] {
+      const double kGiB = 1024.0 * 1024 * 1024;
+      return 2.0 * c.b * c.hq * c.sq * c.d > kGiB || 2.0 * c.b * c.hkv * c.skv * c.d > kGiB ||
+             4.0 * c.b * c.hq * c.d * VisiblePairs(c) > 2e12;
+    };
+    while (too_big()) {
+      if (c.b > 1) {
+        c.b /= 2;
+      } else if (c.hkv > 1) {
+        c.hkv /= 2;
+        c.hq = c.hkv * group;
+      } else {
+        c.sq = std::max<int64_t>(1, c.sq / 2);
+        if (c.cls == "rnd_prefill") c.skv = c.sq;
+      }
+    }
+    cases.push_back(c);
+  }
+  return cases;
 }
 
 }  // namespace
@@ -429,11 +505,21 @@ int main(int argc, char** argv) {
           "  only. tests/sweep/attention_vendor.py adds PyTorch SDPA's times.\n",
           &options, &command))
     return *done;
+  const std::vector<sweep::Case> cases =
+      options.random > 0 ? sweep::RandomCases(options.random, options.seed) : sweep::ListedCases();
+  if (options.list) {
+    for (const sweep::Case& c : cases) {
+      const std::string name =
+          absl::StrCat(c.cls, " ", sweep::Describe(c), " ", sweep::Name(c.dtype));
+      if (name.find(options.filter) != std::string::npos) std::printf("%s\n", name.c_str());
+    }
+    return 0;
+  }
   std::unique_ptr<Engine> engine = sweep::MakeGpuEngine();
   if (engine == nullptr) return 1;
   sweep::Sweep s(options, std::move(engine));
   s.set_command(command);
-  sweep::RunAll(s);
+  for (const sweep::Case& c : cases) s.Attention(c);
   s.Write();
   std::printf("attention sweep: %zu cases, %d wrong; results: %s\n", s.cases(), s.failures(),
               options.json.c_str());

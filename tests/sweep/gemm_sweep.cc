@@ -2,7 +2,7 @@
 // cuBLAS in the same run.
 //
 //   gc_sweep_gemm [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
-//                 [--no-variants] [--cooldown_ms=N]
+//                 [--no-variants] [--cooldown_ms=N] [--random=N [--seed=S]] [--list]
 //
 // Each case builds the GemmSpec as the service does, operands resident in
 // device memory and the result kept there (options.keep_output), and runs it
@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -313,7 +314,8 @@ class Sweep {
 
 // The case list: classes of shapes (the and the ones LLM serving
 // sends), each class over the dtypes it matters for.
-void RunAll(Sweep& s) {
+std::vector<Case> ListedCases() {
+  std::vector<Case> cases;
   auto add = [&](const std::string& cls, int64_t m, int64_t n, int64_t k, D dt, bool tf32,
                  auto&&... more) {
     Case c;
@@ -325,7 +327,7 @@ void RunAll(Sweep& s) {
     c.out = dt;
     c.tf32 = tf32;
     (more(c), ...);
-    s.Gemm(c);
+    cases.push_back(c);
   };
   auto tn = [](bool ta, bool tb) { return [=](Case& c) { c.ta = ta, c.tb = tb; }; };
   auto batch = [](int64_t b, bool shared) {
@@ -412,6 +414,87 @@ void RunAll(Sweep& s) {
   add("beta", 1000, 3000, 777, D::kFloat32, false, beta(0.5));
   add("beta", 2048, 2048, 2048, D::kFloat32, true, beta(-1.0));
   add("beta", 512, 512, 512, D::kBFloat16, false, beta(1.0), batch(8, false));
+  return cases;
+}
+
+// `n` random shapes of five classes (--random): general (M, N, K 16 to 8k),
+// thin M (1 to 256 rows against N and K of 1k to 16k), small K (8 to 256
+// under M and N of 512 to 16k), large K (4k to 64k under M and N of 16 to
+// 1k) and batched (2 to 64 problems of 32 to 2k, B shared one time in
+// five). Sizes are log-uniform, half of them odd; bf16 two times in five,
+// fp16, tf32 and exact fp32 one each; each operand transposed one time in
+// four; an fp32 output for 16-bit inputs and beta with C one time in eight.
+// The largest dimension is halved until every operand fits 1 GiB and the
+// request is at most 2 TFLOP.
+std::vector<Case> RandomCases(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto size = [&](int64_t lo, int64_t hi) {
+    const double x = std::exp(std::uniform_real_distribution<double>(
+        std::log(double(lo)), std::log(double(hi) + 1))(rng));
+    int64_t v = std::clamp<int64_t>(int64_t(x), lo, hi);
+    if (rng() % 2) v = std::clamp<int64_t>(int64_t(1) << std::lround(std::log2(double(v))), lo, hi);
+    return v;
+  };
+  std::vector<Case> cases;
+  for (int i = 0; i < n; ++i) {
+    Case c;
+    switch (rng() % 5) {
+      case 0:
+        c.cls = "rnd_general";
+        c.m = size(16, 8192), c.n = size(16, 8192), c.k = size(16, 8192);
+        break;
+      case 1:
+        c.cls = "rnd_thin_m";
+        c.m = size(1, 256), c.n = size(1024, 16384), c.k = size(1024, 16384);
+        break;
+      case 2:
+        c.cls = "rnd_small_k";
+        c.m = size(512, 16384), c.n = size(512, 16384), c.k = size(8, 256);
+        break;
+      case 3:
+        c.cls = "rnd_large_k";
+        c.m = size(16, 1024), c.n = size(16, 1024), c.k = size(4096, 65536);
+        break;
+      default:
+        c.cls = "rnd_batched";
+        c.batch = size(2, 64);
+        c.m = size(32, 2048), c.n = size(32, 2048), c.k = size(32, 2048);
+        c.shared_b = rng() % 5 == 0;
+        break;
+    }
+    switch (rng() % 5) {
+      case 0:
+        c.dtype = D::kFloat16;
+        break;
+      case 1:
+        c.dtype = D::kFloat32, c.tf32 = true;
+        break;
+      case 2:
+        c.dtype = D::kFloat32;
+        break;
+      default:
+        c.dtype = D::kBFloat16;
+        break;
+    }
+    c.out = c.dtype != D::kFloat32 && rng() % 8 == 0 ? D::kFloat32 : c.dtype;
+    c.ta = rng() % 4 == 0;
+    c.tb = rng() % 4 == 0;
+    if (rng() % 8 == 0) c.beta = 0.5;
+    auto too_big = [&] {
+      const double kGiB = 1024.0 * 1024 * 1024, es = double(DTypeSize(c.dtype));
+      const double b = double(c.batch), bb = c.shared_b ? 1.0 : b;
+      return b * c.m * c.k * es > kGiB || bb * c.k * c.n * es > kGiB ||
+             b * c.m * c.n * DTypeSize(c.out) > kGiB || 2.0 * b * c.m * c.n * c.k > 2e12;
+    };
+    while (too_big()) {
+      int64_t* largest = &c.m;
+      for (int64_t* d : {&c.n, &c.k, &c.batch})
+        if (*d > *largest) largest = d;
+      *largest = std::max<int64_t>(1, *largest / 2);
+    }
+    cases.push_back(c);
+  }
+  return cases;
 }
 
 }  // namespace
@@ -433,11 +516,21 @@ int main(int argc, char** argv) {
           "  markdown table.\n",
           &options, &command))
     return *done;
+  const std::vector<sweep::Case> cases =
+      options.random > 0 ? sweep::RandomCases(options.random, options.seed) : sweep::ListedCases();
+  if (options.list) {
+    for (const sweep::Case& c : cases) {
+      const std::string name = absl::StrCat(c.cls, " ", sweep::Describe(c), " ", sweep::Family(c),
+                                            "->", sweep::Name(c.out));
+      if (name.find(options.filter) != std::string::npos) std::printf("%s\n", name.c_str());
+    }
+    return 0;
+  }
   std::unique_ptr<Engine> engine = sweep::MakeGpuEngine();
   if (engine == nullptr) return 1;
   sweep::Sweep s(options, std::move(engine));
   s.set_command(command);
-  sweep::RunAll(s);
+  for (const sweep::Case& c : cases) s.Gemm(c);
   s.Write();
   s.Print();
   std::printf("\nresults: %s; %d wrong\n", options.json.c_str(), s.failures());

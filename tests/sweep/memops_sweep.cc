@@ -471,6 +471,10 @@ int main(int argc, char** argv) {
           "  PyTorch's times and writes the markdown table.\n",
           &options, &command))
     return *done;
+  if (options.random > 0 || options.list) {
+    std::fprintf(stderr, "gc_sweep_memops: --random and --list are not offered here\n");
+    return 2;
+  }
   std::unique_ptr<Engine> engine = sweep::MakeGpuEngine();
   if (engine == nullptr) return 1;
   sweep::Sweep s(options, std::move(engine));

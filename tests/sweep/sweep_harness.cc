@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,7 @@ namespace gpucompute::sweep {
 std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, const char* help,
                                    SweepOptions* options, std::string* command) {
   *command = name;
+  bool seeded = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     *command += " " + arg;
@@ -43,19 +45,34 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
       options->cooldown_ms = std::max(0, std::atoi(v->c_str()));
     } else if (auto v = value("--gap_us")) {
       options->gap_us = std::max(0, std::atoi(v->c_str()));
+    } else if (auto v = value("--random")) {
+      options->random = std::max(0, std::atoi(v->c_str()));
+    } else if (auto v = value("--seed")) {
+      options->seed = std::strtoull(v->c_str(), nullptr, 10);
+      seeded = true;
+    } else if (arg == "--list") {
+      options->list = true;
     } else if (arg == "--help") {
       std::printf(
           "%s [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] [--no-variants]\n"
-          "  [--cooldown_ms=N] [--gap_us=N]\n%s"
+          "  [--cooldown_ms=N] [--gap_us=N] [--random=N [--seed=S]] [--list]\n%s"
           "  --cooldown_ms lets the GPU idle N ms before each timing, ours and the vendor's "
           "(default 0).\n"
-          "  --gap_us lets it idle N us before each timed run (default %d).\n",
+          "  --gap_us lets it idle N us before each timed run (default %d).\n"
+          "  --random runs N cases of random shapes from the sweep's classes instead of its\n"
+          "  list, drawn with --seed (default: from the clock, written into the command).\n"
+          "  --list prints the cases --filter keeps and stops.\n",
           name, help, options->gap_us);
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 2;
     }
+  }
+  if (options->random > 0 && !seeded) {
+    options->seed =
+        uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) % 1000000007;
+    *command += " --seed=" + std::to_string(options->seed);
   }
   return std::nullopt;
 }

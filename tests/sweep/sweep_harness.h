@@ -35,10 +35,18 @@ struct SweepOptions {
   // 10^6 cycles, ~0.5 ms): both then start each run from the same state.
   // 0: timed runs back to back.
   int gap_us = 0;
+  // With N > 0, N cases of random shapes drawn from the sweep's classes run
+  // instead of its list (the sweep's own sizes, odd ones half the time): a
+  // look at shapes that no list names. `seed` draws them; without --seed one
+  // is taken from the clock and written into the command.
+  int random = 0;
+  uint64_t seed = 0;
+  // --list: print the cases that --filter keeps and stop (no GPU needed).
+  bool list = false;
 };
 
 // Parses --json, --filter, --reps, --warmup, --no-variants, --cooldown_ms,
-// --gap_us and --help into
+// --gap_us, --random, --seed, --list and --help into
 // `options` (which holds the defaults) and the command line into `*command`
 // (`name` and the arguments). Returns the exit status when main should stop
 // (after --help: 0; an unknown argument: 2), nullopt to go on.
