@@ -417,38 +417,32 @@ std::vector<Case> ListedCases() {
 // 16k, causal or not), decode (Sq 1-16 against 512 to 128k keys), chunks
 // (causal, 17 to 2048 rows against a longer cache) and cross-attention (no
 // mask, 64 to 8k queries against 16 to 4k keys). Lengths and heads are
-// log-uniform, half of them odd; head dims 64 or 128 half the time, else any
-// multiple of 8 to 256; 1, 2, 4 or 8 query heads per kv head; bf16, fp16 one
-// time in five, the LSE one time in five. The batch (1-64) and then the heads
-// and lengths are halved until Q, K and V fit 1 GiB each and the request is
-// at most 2 TFLOP.
+// log-uniform, half of them not powers of two; head dims 64 or 128 half the
+// time, else any multiple of 8 to 256; 1, 2, 4 or 8 query heads per kv head;
+// bf16, fp16 one time in five, the LSE one time in five. The batch (1-64) and
+// then the heads and lengths are halved until Q, K and V fit 1 GiB each and
+// the request is at most 2 TFLOP.
 std::vector<Case> RandomCases(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto size = [&](int64_t lo, int64_t hi) {
-    const double x = std::exp(std::uniform_real_distribution<double>(
-        std::log(double(lo)), std::log(double(hi) + 1))(rng));
-    int64_t v = std::clamp<int64_t>(int64_t(x), lo, hi);
-    if (rng() % 2) v = std::clamp<int64_t>(int64_t(1) << std::lround(std::log2(double(v))), lo, hi);
-    return v;
-  };
+  RandomShapes r(seed);
+  auto size = [&](int64_t lo, int64_t hi) { return r.Size(lo, hi); };
   std::vector<Case> cases;
   for (int i = 0; i < n; ++i) {
     Case c;
-    c.d = rng() % 2 ? (rng() % 2 ? 64 : 128) : 8 * int64_t(1 + rng() % 32);
-    const int64_t group = int64_t(1) << (rng() % 4);
+    c.d = r.Pick(2) ? (r.Pick(2) ? 64 : 128) : 8 * int64_t(1 + r.Pick(32));
+    const int64_t group = int64_t(1) << (r.Pick(4));
     c.hkv = std::min<int64_t>(size(1, 32), 64 / group);
     c.hq = c.hkv * group;
-    switch (rng() % 4) {
+    switch (r.Pick(4)) {
       case 0:
         c.cls = "rnd_prefill";
         c.sq = c.skv = size(64, 16384);
-        c.causal = rng() % 2;
+        c.causal = r.Pick(2);
         break;
       case 1:
         c.cls = "rnd_decode";
         c.sq = size(1, 16);
         c.skv = size(512, 131072);
-        c.causal = c.sq > 1 && rng() % 2;
+        c.causal = c.sq > 1 && r.Pick(2);
         break;
       case 2:
         c.cls = "rnd_chunk";
@@ -463,8 +457,8 @@ std::vector<Case> RandomCases(int n, uint64_t seed) {
         break;
     }
     c.b = size(1, 64);
-    c.dtype = rng() % 5 == 0 ? D::kFloat16 : D::kBFloat16;
-    c.lse = rng() % 5 == 0;
+    c.dtype = r.Pick(5) == 0 ? D::kFloat16 : D::kBFloat16;
+    c.lse = r.Pick(5) == 0;
     auto too_big = [&] {
       const double kGiB = 1024.0 * 1024 * 1024;
       return 2.0 * c.b * c.hq * c.sq * c.d > kGiB || 2.0 * c.b * c.hkv * c.skv * c.d > kGiB ||

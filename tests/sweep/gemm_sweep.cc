@@ -421,24 +421,19 @@ std::vector<Case> ListedCases() {
 // thin M (1 to 256 rows against N and K of 1k to 16k), small K (8 to 256
 // under M and N of 512 to 16k), large K (4k to 64k under M and N of 16 to
 // 1k) and batched (2 to 64 problems of 32 to 2k, B shared one time in
-// five). Sizes are log-uniform, half of them odd; bf16 two times in five,
-// fp16, tf32 and exact fp32 one each; each operand transposed one time in
-// four; an fp32 output for 16-bit inputs and beta with C one time in eight.
+// five). Sizes are log-uniform, half of them not powers of two; bf16 two
+// times in five, fp16, tf32 and exact fp32 one each; each operand transposed
+// one time in four; an fp32 output for 16-bit inputs and beta with C one
+// time in eight.
 // The largest dimension is halved until every operand fits 1 GiB and the
 // request is at most 2 TFLOP.
 std::vector<Case> RandomCases(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto size = [&](int64_t lo, int64_t hi) {
-    const double x = std::exp(std::uniform_real_distribution<double>(
-        std::log(double(lo)), std::log(double(hi) + 1))(rng));
-    int64_t v = std::clamp<int64_t>(int64_t(x), lo, hi);
-    if (rng() % 2) v = std::clamp<int64_t>(int64_t(1) << std::lround(std::log2(double(v))), lo, hi);
-    return v;
-  };
+  RandomShapes r(seed);
+  auto size = [&](int64_t lo, int64_t hi) { return r.Size(lo, hi); };
   std::vector<Case> cases;
   for (int i = 0; i < n; ++i) {
     Case c;
-    switch (rng() % 5) {
+    switch (r.Pick(5)) {
       case 0:
         c.cls = "rnd_general";
         c.m = size(16, 8192), c.n = size(16, 8192), c.k = size(16, 8192);
@@ -459,10 +454,10 @@ std::vector<Case> RandomCases(int n, uint64_t seed) {
         c.cls = "rnd_batched";
         c.batch = size(2, 64);
         c.m = size(32, 2048), c.n = size(32, 2048), c.k = size(32, 2048);
-        c.shared_b = rng() % 5 == 0;
+        c.shared_b = r.Pick(5) == 0;
         break;
     }
-    switch (rng() % 5) {
+    switch (r.Pick(5)) {
       case 0:
         c.dtype = D::kFloat16;
         break;
@@ -476,10 +471,10 @@ std::vector<Case> RandomCases(int n, uint64_t seed) {
         c.dtype = D::kBFloat16;
         break;
     }
-    c.out = c.dtype != D::kFloat32 && rng() % 8 == 0 ? D::kFloat32 : c.dtype;
-    c.ta = rng() % 4 == 0;
-    c.tb = rng() % 4 == 0;
-    if (rng() % 8 == 0) c.beta = 0.5;
+    c.out = c.dtype != D::kFloat32 && r.Pick(8) == 0 ? D::kFloat32 : c.dtype;
+    c.ta = r.Pick(4) == 0;
+    c.tb = r.Pick(4) == 0;
+    if (r.Pick(8) == 0) c.beta = 0.5;
     auto too_big = [&] {
       const double kGiB = 1024.0 * 1024 * 1024, es = double(DTypeSize(c.dtype));
       const double b = double(c.batch), bb = c.shared_b ? 1.0 : b;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -182,6 +183,14 @@ std::string ForcedJson(const std::map<std::string, double>& forced) {
 uint64_t NextSeed() {
   static uint64_t seq = 0;
   return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^ (++seq << 32);
+}
+
+int64_t RandomShapes::Size(int64_t lo, int64_t hi) {
+  const double x = std::exp(
+      std::uniform_real_distribution<double>(std::log(double(lo)), std::log(double(hi) + 1))(rng_));
+  int64_t v = std::clamp<int64_t>(int64_t(x), lo, hi);
+  if (Pick(2)) v = std::clamp<int64_t>(int64_t(1) << std::lround(std::log2(double(v))), lo, hi);
+  return v;
 }
 
 std::unique_ptr<Engine> MakeGpuEngine() {

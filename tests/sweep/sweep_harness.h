@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,19 @@ std::string ForcedJson(const std::map<std::string, double>& forced);
 
 // A seed no earlier call returned.
 uint64_t NextSeed();
+
+// Draws for --random from one seed: sizes log-uniform in [lo, hi], rounded
+// to the nearest power of two (kept in range) half the time.
+class RandomShapes {
+ public:
+  explicit RandomShapes(uint64_t seed) : rng_(seed) {}
+  int64_t Size(int64_t lo, int64_t hi);
+  // 0 .. n - 1, uniformly.
+  int Pick(int n) { return int(rng_() % uint64_t(n)); }
+
+ private:
+  std::mt19937_64 rng_;
+};
 
 // The engine over GPU 0; null (with the reason on stderr) without a GPU.
 std::unique_ptr<Engine> MakeGpuEngine();
