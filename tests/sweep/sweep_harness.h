@@ -37,9 +37,10 @@ struct SweepOptions {
   // 0: timed runs back to back.
   int gap_us = 0;
   // With N > 0, N cases of random shapes drawn from the sweep's classes run
-  // instead of its list (the sweep's own sizes, odd ones half the time): a
-  // look at shapes that no list names. `seed` draws them; without --seed one
-  // is taken from the clock and written into the command.
+  // instead of its list (sizes log-uniform within each class's range, half
+  // of them not powers of two): a look at shapes that no list names. `seed`
+  // draws them; without --seed one is taken from the clock and written into
+  // the command.
   int random = 0;
   uint64_t seed = 0;
   // --list: print the cases that --filter keeps and stop (no GPU needed).

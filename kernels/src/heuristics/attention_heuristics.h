@@ -12,8 +12,9 @@
 // each version forced, x the faster vendor:
 //   - flash_wgmma_overlap (TMA, wgmma, producer + consumer warpgroups, both
 //     of FlashAttention-3's overlaps, split-KV) is the fastest past 64 packed
-//     query rows (below), its 128-row tile partly empty under 128: squares 0.81-1.11x, head dims 0.95-1.05x, GQA 0.95-1.02x, causal
-//     chunked prefill 1.08-2.00x; 0.99-1.17x the speed of flash_wgmma (in
+//     query rows (below; its 128-row tile partly empty under 128): squares
+//     0.81-1.11x, head dims 0.95-1.05x, GQA 0.95-1.02x, causal chunked
+//     prefill 1.08-2.00x; 0.99-1.17x the speed of flash_wgmma (in
 //     order), where flash_mma reaches 0.21-0.70x;
 //   - flash_mma packs the query heads of one kv head into its tile rows and
 //     splits the keys over blocks: decode 0.93-0.97x at Sq 1 (K and V
@@ -47,10 +48,12 @@ struct AttentionShape {
 // query head of a kv head. Past them flash_wgmma_overlap's 128-row tiles win
 // even when seq_q fills a fraction of a tile (sweep run 29, H100, each
 // version forced, x the faster vendor; packed rows in brackets):
-// Sq 1-16 with 4 query heads per kv head [4-64]: flash_mma 2.35-3.82x,
-// overlap 1.28-1.86x; Sq 64 without grouping [64]: 1.17x against 1.21x;
-// Sq 24 [96]: 1.64x against 1.79x; Sq 32 [128]: 0.92x against 1.49x; Sq 64
-// [256]: 0.59x against 1.16x; Sq 96 [96]: 0.87x against 1.57x.
+// Sq 1-16 with 4 or 8 query heads per kv head [4-64]: flash_mma faster on
+// 19 of 20 rows, 0.78-3.82x against 0.30-1.86x (the one other: a 1024-key
+// cache at batch 1, 0.78x against 1.00x, too few key splits); Sq 64 without
+// grouping [64]: 1.17x against 1.21x; Sq 24 [96]: 1.64x against 1.79x; Sq 32
+// [128]: 0.92x against 1.49x; Sq 64 [256]: 0.59x against 1.16x; Sq 96 [96]:
+// 0.87x against 1.57x.
 inline constexpr int64_t kAttentionMmaMaxPackedRows = 64;
 
 // The version the default runs, by name.
