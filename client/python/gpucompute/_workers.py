@@ -115,6 +115,7 @@ class _Worker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gpucompute._worker_main"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env, close_fds=True)
+        self._broken = False
         _send(self.process.stdin, (settings, index))
 
     def call(self, job: Tuple[Any, ...]) -> Tuple[Any, ...]:
@@ -123,12 +124,21 @@ class _Worker:
             _send(self.process.stdin, job)
             return _receive(self.process.stdout)
         except (EOFError, OSError, ValueError):
+            self._broken = True
             return ("error", "UNAVAILABLE",
                     f"transfer worker {self.process.pid} exited "
                     f"(status {self.process.poll()})")
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        """False once the process has ended or its pipes failed (a killed process may not
+        have ended yet when its pipes do)."""
+        return not self._broken and self.process.poll() is None
+
+    def discard(self) -> None:
+        """Ends a worker that is replaced: killed if it still runs, then reaped."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.close()
 
     def close(self) -> None:
         try:
@@ -177,8 +187,10 @@ class TransferWorkers:
                     self._staging.close()
                     self._staging = None
                 self._staging = _Staging(max(nbytes, 1))
-            self._workers = [w if w.alive() else _Worker(self._settings, i)
-                             for i, w in enumerate(self._workers)]
+            for i, w in enumerate(self._workers):
+                if not w.alive():
+                    w.discard()
+                    self._workers[i] = _Worker(self._settings, i)
             while len(self._workers) < self.count:
                 self._workers.append(_Worker(self._settings, len(self._workers)))
             if self._pool is None:

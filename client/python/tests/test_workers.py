@@ -104,7 +104,8 @@ def test_failures_name_their_cause_and_the_workers_go_on(server):
         assert np.array_equal(c.download(h), x)
         assert worker_pids(c)[0] == pids[0] and worker_pids(c)[1] != pids[1]
         # A worker killed during a transfer fails that transfer only.
-        killer = threading.Timer(0.0, os.kill, (worker_pids(c)[2], signal.SIGKILL))
+        victim = c._transfer_workers._workers[2].process
+        killer = threading.Timer(0.0, os.kill, (victim.pid, signal.SIGKILL))
         killer.start()
         try:
             y = c.download(h)
@@ -112,7 +113,11 @@ def test_failures_name_their_cause_and_the_workers_go_on(server):
         except gpucompute.ComputeError as e:
             assert e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), str(e)
         killer.join()
+        # SIGKILL ends the process a moment after os.kill returns: the next transfer must
+        # find it ended (else it is not yet known dead and that transfer fails instead).
+        victim.wait(timeout=10)
         assert np.array_equal(c.download(h), x)
+        assert worker_pids(c)[2] != victim.pid
         c.free(h)
         assert c.list_tensors().tensors == [], "a failed upload left a tensor"
 
