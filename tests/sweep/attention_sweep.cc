@@ -89,6 +89,11 @@ std::string Describe(const Case& c) {
   return s;
 }
 
+// What --filter matches: "class shape dtype".
+std::string FilterName(const Case& c) {
+  return absl::StrCat(c.cls, " ", Describe(c), " ", Name(c.dtype));
+}
+
 // Keys query i sees (bottom-right causal alignment), summed over the rows.
 double VisiblePairs(const Case& c) {
   if (!c.causal) return double(c.sq) * double(c.skv);
@@ -150,7 +155,7 @@ class Sweep {
     Row row;
     row.c = c;
     row.shape = Describe(c);
-    const std::string name = absl::StrCat(c.cls, " ", row.shape, " ", Name(c.dtype));
+    const std::string name = FilterName(c);
     if (!options_.filter.empty() && name.find(options_.filter) == std::string::npos) return;
     row.flops = 4.0 * double(c.b) * double(c.hq) * double(c.d) * VisiblePairs(c);
     const int64_t nq = c.b * c.hq * c.sq * c.d, nkv = c.b * c.hkv * c.skv * c.d;
@@ -503,8 +508,7 @@ int main(int argc, char** argv) {
       options.random > 0 ? sweep::RandomCases(options.random, options.seed) : sweep::ListedCases();
   if (options.list) {
     for (const sweep::Case& c : cases) {
-      const std::string name =
-          absl::StrCat(c.cls, " ", sweep::Describe(c), " ", sweep::Name(c.dtype));
+      const std::string name = sweep::FilterName(c);
       if (name.find(options.filter) != std::string::npos) std::printf("%s\n", name.c_str());
     }
     return 0;

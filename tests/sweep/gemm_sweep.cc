@@ -108,6 +108,11 @@ const char* Family(const Case& c) {
   return c.tf32 ? "tf32" : "f32";
 }
 
+// What --filter matches: "class shape dtype->out".
+std::string FilterName(const Case& c) {
+  return absl::StrCat(c.cls, " ", Describe(c), " ", Family(c), "->", Name(c.out));
+}
+
 class Sweep {
  public:
   Sweep(Options options, std::unique_ptr<Engine> engine)
@@ -127,7 +132,7 @@ class Sweep {
     Row row;
     row.c = c;
     row.shape = Describe(c);
-    const std::string name = absl::StrCat(c.cls, " ", row.shape, " ", Family(c), "->", Name(c.out));
+    const std::string name = FilterName(c);
     if (!options_.filter.empty() && name.find(options_.filter) == std::string::npos) return;
     row.flops = 2.0 * double(c.batch) * double(c.m) * double(c.n) * double(c.k);
     const size_t es = DTypeSize(c.dtype), eo = DTypeSize(c.out);
@@ -515,8 +520,7 @@ int main(int argc, char** argv) {
       options.random > 0 ? sweep::RandomCases(options.random, options.seed) : sweep::ListedCases();
   if (options.list) {
     for (const sweep::Case& c : cases) {
-      const std::string name = absl::StrCat(c.cls, " ", sweep::Describe(c), " ", sweep::Family(c),
-                                            "->", sweep::Name(c.out));
+      const std::string name = sweep::FilterName(c);
       if (name.find(options.filter) != std::string::npos) std::printf("%s\n", name.c_str());
     }
     return 0;
