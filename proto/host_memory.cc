@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <utility>
@@ -151,9 +152,18 @@ absl::Status KeepFreedHostMemory(int64_t retain_bytes, int arenas) {
   return absl::OkStatus();
 }
 
+namespace {
+std::atomic<int64_t> g_foreign_resident_bytes{0};
+}  // namespace
+
+void AddForeignResidentBytes(int64_t delta) { g_foreign_resident_bytes.fetch_add(delta); }
+
+int64_t ForeignResidentBytes() { return g_foreign_resident_bytes.load(); }
+
 HostMemoryTrimmer::HostMemoryTrimmer(int64_t retain_bytes, absl::Duration period)
     : retain_bytes_(std::max<int64_t>(retain_bytes, 0)),
-      base_bytes_(std::max<int64_t>(ResidentBytes() - AllocatedBytes(), 0)) {
+      base_bytes_(
+          std::max<int64_t>(ResidentBytes() - AllocatedBytes() - ForeignResidentBytes(), 0)) {
   if (period == absl::InfiniteDuration()) return;
   thread_ = std::thread([this, period] {
     while (true) {
@@ -176,7 +186,8 @@ HostMemoryTrimmer::~HostMemoryTrimmer() {
 
 int64_t HostMemoryTrimmer::KeptFreeBytes() const {
   // The cache's buffers are allocated, as the allocator sees them.
-  return std::max<int64_t>(ResidentBytes() - AllocatedBytes() - base_bytes_, 0) +
+  return std::max<int64_t>(
+             ResidentBytes() - AllocatedBytes() - ForeignResidentBytes() - base_bytes_, 0) +
          LargeStringCache::Default().kept_bytes();
 }
 

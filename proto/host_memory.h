@@ -110,19 +110,25 @@ class LargeStringCache {
   std::vector<std::string> kept_ ABSL_GUARDED_BY(mu_);
 };
 
+// Memory the process keeps resident outside the C library's allocator on
+// purpose, made once and held for long (pinned staging buffers, the request
+// arena): HostMemoryTrimmer does not count it as freed memory kept. `delta`
+// is negative when such memory is let go. Thread-safe.
+void AddForeignResidentBytes(int64_t delta);
+int64_t ForeignResidentBytes();
+
 // Holds the allocator to its retention: the allocator gives memory back to
 // the system only from the top of a heap, so freed blocks below one still in
 // use stay resident whatever the trim threshold says (idle servers kept
 // 2.9-4.1 GB after bursts of 200 MiB Echos with 2 GiB retained, 2.5 GB with
 // the C library's defaults). Every `period` a thread measures the free
 // memory the allocator keeps resident (the process's resident set less the
-// bytes allocated and less what was resident besides them when the trimmer
-// started) and, when that is over `retain_bytes` plus kSlackBytes, has the
-// allocator give back every free page inside its heaps and the top of each
-// beyond `retain_bytes` (malloc_trim). `retain_bytes` is
-// KeepFreedHostMemory's (0: the C library's defaults, and freed memory is
-// given back within a period). The buffers LargeStringCache::Default() keeps
-// count as kept free memory too.
+// bytes allocated, less ForeignResidentBytes() and less what was resident
+// besides them when the trimmer started) and, when that is over `retain_bytes` plus kSlackBytes,
+// has the allocator give back every free page inside its heaps and the top of each beyond
+// `retain_bytes` (malloc_trim). `retain_bytes` is KeepFreedHostMemory's (0: the C library's
+// defaults, and freed memory is given back within a period). The buffers
+// LargeStringCache::Default() keeps count as kept free memory too.
 class HostMemoryTrimmer {
  public:
   // What may be kept free beyond `retain_bytes` before trimming: thread

@@ -45,6 +45,14 @@ absl::StatusOr<DeviceSet> CreateCpu(const BackendOptions& options) {
   set.backend = "cpu";
   set.head_dims = AttentionHeadDims();
   set.devices = CreateCpuDevices(options.cpu_devices, options.device_weights);
+  if (options.request_staging_bytes > 0) {
+    set.request_arena = HostArena::AllocateHost(size_t(options.request_staging_bytes));
+    if (set.request_arena == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("--request_staging_bytes: cannot allocate ", options.request_staging_bytes,
+                       " bytes of host memory; ask for less, or 0 for none"));
+    }
+  }
   return set;
 }
 
@@ -86,6 +94,13 @@ absl::StatusOr<DeviceSet> CreateCuda(const BackendOptions& options) {
   cuda_options.staging.chunk_bytes = size_t(per_buffer);
   ASSIGN_OR_RETURN(set.devices,
                    cuda::CreateCudaDevices(options.devices, options.device_weights, cuda_options));
+  const int64_t arena_bytes = options.request_staging_bytes < 0 ? kDefaultRequestStagingBytes
+                                                                : options.request_staging_bytes;
+  if (arena_bytes > 0) {
+    ASSIGN_OR_RETURN(set.request_arena,
+                     cuda::CreatePinnedArena(options.devices.empty() ? 0 : options.devices.front(),
+                                             arena_bytes));
+  }
   return set;
 }
 
@@ -110,6 +125,12 @@ absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--staging_copy_threads: expected 0 (automatic) to 64 but got ",
                      options.staging_copy_threads));
+  }
+  if (options.request_staging_bytes < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--request_staging_bytes: expected -1 (the backend's default), 0 (none) or "
+                     "a size in bytes but got ",
+                     options.request_staging_bytes));
   }
   if (options.backend == "cpu") return CreateCpu(options);
   if (options.backend == "cuda") {

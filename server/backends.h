@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/device/device.h"
+#include "server/device/host_arena.h"
 
 namespace gpucompute {
 
@@ -31,7 +32,17 @@ struct BackendOptions {
   int gpu_lanes = 8;
   // Per GPU: staging copy threads; 0 = automatic (CUDA only).
   int staging_copy_threads = 0;
+  // Host memory allocated once that large operands of operation requests are
+  // decoded into (pinned on the CUDA backend, so they reach a GPU by DMA
+  // alone); 0 = none, -1 = kDefaultRequestStagingBytes on the CUDA backend
+  // and none on the CPU backend.
+  int64_t request_staging_bytes = -1;
 };
+
+// The CUDA backend's request arena when --request_staging_bytes is left at
+// -1: room for the operands of a few large requests at once (an 8192^3 bf16
+// GEMM's two are 256 MiB); pinning it takes about 0.4 s at start.
+inline constexpr int64_t kDefaultRequestStagingBytes = int64_t{1} << 30;
 
 // The devices of one backend.
 struct DeviceSet {
@@ -39,6 +50,9 @@ struct DeviceSet {
   std::vector<std::unique_ptr<Device>> devices;
   // Attention head dimensions every device implements, ascending.
   std::vector<int64_t> head_dims;
+  // Where large request operands are decoded (null: none); pinned on CUDA.
+  // REQUIRES: outlives `devices` (their shards copy from it).
+  std::unique_ptr<HostArena> request_arena;
 };
 
 // True when this build has a CUDA backend and a GPU is usable.
@@ -47,7 +61,9 @@ bool CudaAvailable();
 // Creates the devices `options` ask for. Errors: INVALID_ARGUMENT naming the
 // flag (unknown backend, weights that do not match the device count or are
 // not > 0, --devices on the CPU backend, --cpu_devices < 1, --gpu_lanes
-// outside [1, 64], --staging_copy_threads outside [0, 64]),
+// outside [1, 64], --staging_copy_threads outside [0, 64],
+// --request_staging_bytes under -1), RESOURCE_EXHAUSTED naming
+// --request_staging_bytes when that memory cannot be had,
 // FAILED_PRECONDITION when "cuda" is asked of a build or machine without it,
 // or the backend's own error.
 absl::StatusOr<DeviceSet> CreateDevices(const BackendOptions& options);

@@ -72,6 +72,11 @@ ABSL_FLAG(int, gpu_lanes, kDefaults.gpu_lanes,
 ABSL_FLAG(int, staging_copy_threads, kDefaults.staging_copy_threads,
           "per GPU: threads that copy between pageable host memory and the pinned staging "
           "buffers (0 to 64); 0 = the host's cores shared among the GPUs, at most 8 each");
+ABSL_FLAG(int64_t, request_staging_bytes, kDefaults.request_staging_bytes,
+          "host memory allocated once at start that large operands of operation requests (1 MiB "
+          "and more) are decoded into: pinned on the CUDA backend, so they reach the GPU by DMA "
+          "with no staging copy; a request that finds it full uses ordinary memory; 0 = none, "
+          "-1 = 1 GiB on the CUDA backend and none on the CPU backend");
 ABSL_FLAG(int64_t, retain_host_memory_bytes, INT32_MAX,
           "freed host memory kept for reuse, the allocator's (no mmap for large blocks) and "
           "the buffers of tensors of 8 MiB and more, so that large messages do not page-fault "
@@ -164,6 +169,7 @@ absl::StatusOr<gpucompute::ServerOptions> OptionsFromFlags() {
   options.pinned_staging_bytes = absl::GetFlag(FLAGS_pinned_staging_bytes);
   options.gpu_lanes = absl::GetFlag(FLAGS_gpu_lanes);
   options.staging_copy_threads = absl::GetFlag(FLAGS_staging_copy_threads);
+  options.request_staging_bytes = absl::GetFlag(FLAGS_request_staging_bytes);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.ready_file = absl::GetFlag(FLAGS_ready_file);
   options.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);

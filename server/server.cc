@@ -209,6 +209,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
   backend.pinned_staging_bytes = options.pinned_staging_bytes;
   backend.gpu_lanes = options.gpu_lanes;
   backend.staging_copy_threads = options.staging_copy_threads;
+  backend.request_staging_bytes = options.request_staging_bytes;
   ASSIGN_OR_RETURN(DeviceSet devices, CreateDevices(backend));
   return Create(std::move(options), std::move(devices));
 }
@@ -268,6 +269,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
   resident.quota_bytes = opts.resident_quota_bytes;
   resident.max_tensors = opts.resident_max_tensors;
   resident.lease = opts.resident_lease;
+  server->request_arena_ = std::move(devices.request_arena);
   server->engine_ =
       std::make_unique<Engine>(devices.backend, std::move(devices.devices), server->metrics_.get(),
                                std::move(device_limits), std::move(resident));
@@ -292,6 +294,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(ServerOptions options, De
   if (opts.max_inflight_bytes > 0) service.batch_window_bytes = opts.max_inflight_bytes;
   service.stalled_stream_timeout = opts.stalled_stream_timeout;
   service.max_message_bytes = opts.max_message_bytes;
+  service.request_arena = server->request_arena_.get();
   server->service_ =
       std::make_unique<ComputeService>(server->engine_.get(), server->admission_.get(),
                                        server->pool_.get(), server->metrics_.get(), service);

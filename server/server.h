@@ -71,6 +71,10 @@ struct ServerOptions {
   // Per GPU: threads that copy to and from the pinned staging memory; 0 =
   // the host's cores shared among the GPUs, at most 8 each.
   int staging_copy_threads = 0;
+  // Host memory allocated once at start that large operands of operation
+  // requests (unary calls, Batch items) are decoded into: pinned on the CUDA backend, so they reach
+  // the GPU by DMA alone; 0 = none, -1 = 1 GiB on the CUDA backend and none on the CPU backend.
+  int64_t request_staging_bytes = -1;
   // Threads that run operations; 0 = twice the hardware threads (at least 4).
   int worker_threads = 0;
   // When set, {"grpc_port": N, "metrics_port": M} is written here (atomically,
@@ -171,6 +175,9 @@ class Server {
   int metrics_port() const { return metrics_->port(); }
 
   Metrics& metrics() { return *metrics_; }
+  // Where large request operands are decoded (--request_staging_bytes); null
+  // when none.
+  const HostArena* request_arena() const { return request_arena_.get(); }
   Engine& engine() { return *engine_; }
 
  private:
@@ -181,6 +188,8 @@ class Server {
   const ServerOptions options_;
   // Destroyed in reverse: the gRPC server first, the metrics last.
   std::unique_ptr<Metrics> metrics_;
+  // Before engine_: the devices' shards copy from it, so it goes after them.
+  std::unique_ptr<HostArena> request_arena_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Admission> admission_;
   std::unique_ptr<WorkerPool> pool_;

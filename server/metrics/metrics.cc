@@ -188,6 +188,17 @@ Metrics::Metrics()
                           "--resident_lease.")
                       .Register(*registry_)
                       .Add({});
+  {
+    auto& family = prometheus::BuildCounter()
+                       .Name("gpucompute_request_arena_bytes_total")
+                       .Help(
+                           "Bytes of request tensors of 1 MiB and more decoded into the request "
+                           "arena (--request_staging_bytes; result=staged) or, for want of room "
+                           "there, into ordinary memory (result=missed).")
+                       .Register(*registry_);
+    arena_staged_bytes_ = &family.Add({{"result", "staged"}});
+    arena_missed_bytes_ = &family.Add({{"result", "missed"}});
+  }
   queue_duration_ = &prometheus::BuildHistogram()
                          .Name("gpucompute_queue_duration_seconds")
                          .Help(

@@ -81,6 +81,10 @@ struct StageSeconds {
 //   gpucompute_uploaded_bytes_total,
 //   gpucompute_downloaded_bytes_total,
 //   gpucompute_resident_expirations_total                  counters
+//   gpucompute_request_arena_bytes_total{result}           counter
+//     (result: staged, missed: bytes of request tensors of 1 MiB and more
+//     decoded into the request arena, or into ordinary memory for want of
+//     room there; only with --request_staging_bytes)
 //   gpucompute_queue_duration_seconds                      histogram
 //   gpucompute_build_info{version,revision,compiler,cuda} = 1  gauge
 //   process_cpu_seconds_total, process_resident_memory_bytes,
@@ -155,6 +159,12 @@ class Metrics final : public ShardObserver {
   void AddUploadedBytes(int64_t bytes) { uploaded_bytes_->Increment(static_cast<double>(bytes)); }
   void AddDownloadedBytes(int64_t bytes) {
     downloaded_bytes_->Increment(static_cast<double>(bytes));
+  }
+  // Bytes of large request tensors decoded into the request arena
+  // (`staged`) and, for want of room there, into ordinary memory (`missed`).
+  void AddStagedBytes(int64_t staged, int64_t missed) {
+    if (staged > 0) arena_staged_bytes_->Increment(static_cast<double>(staged));
+    if (missed > 0) arena_missed_bytes_->Increment(static_cast<double>(missed));
   }
   // Every Scrape() reads the total of expired resident tensors from
   // `expirations` (monotonic) into gpucompute_resident_expirations_total.
@@ -232,6 +242,8 @@ class Metrics final : public ShardObserver {
   prometheus::Counter* uploaded_bytes_;
   prometheus::Counter* downloaded_bytes_;
   prometheus::Counter* expirations_;
+  prometheus::Counter* arena_staged_bytes_;
+  prometheus::Counter* arena_missed_bytes_;
   prometheus::Counter* received_bytes_;
   prometheus::Counter* sent_bytes_;
   prometheus::Gauge* inflight_requests_;

@@ -266,15 +266,22 @@ class ComputeService::BatchReactor final
     absl::string_view method = "Batch/Invalid";
     absl::Status status;
     const absl::Time decode_start = absl::Now();
-    absl::Status decoded = Decode(item->holding.raw, request.get());
+    HostArena* const arena = service_->options_.request_arena;
+    StagedTensors staged;
+    absl::Status decoded = Decode(item->holding.raw, request.get(), arena, &staged);
     item->holding.decode_seconds += absl::ToDoubleSeconds(absl::Now() - decode_start);
+    if (arena != nullptr)
+      service_->metrics_->AddStagedBytes(staged.arena_bytes, staged.missed_bytes);
     if (!decoded.ok()) {
       service_->Admitted(0, &item->holding);
       status = decoded;
     } else {
+      item->holding.staged = &staged;
       status =
           service_->ExecuteBatchItem(*request, item->call, response.get(), &item->holding, &method);
+      item->holding.staged = nullptr;
     }
+    staged.blocks.clear();  // the item's operation is done with them
     if (item->holding.request_bytes >= kRecycleMessageBytes) RecycleTensorBytes(request.get());
     request.reset();  // its bytes go before the answer's are encoded
     if (status.ok() && item->holding.more_bytes > 0) {

@@ -72,10 +72,29 @@ absl::StatusOr<std::optional<int64_t>> DeclaredRequestBytes(
 // string as it reads it, which held up to 1.6 times a 200 MiB tensor.
 }  // namespace
 
-absl::Status ComputeService::Decode(const grpc::ByteBuffer& raw,
-                                    google::protobuf::Message* message) {
+absl::Status ComputeService::Decode(const grpc::ByteBuffer& raw, google::protobuf::Message* message,
+                                    HostArena* arena, StagedTensors* staged) {
   std::vector<wire::ExternalField> external;
   RETURN_IF_ERROR(wire::Parse(raw, message, &external, wire::kDefaultMinExternalBytes, "request"));
+  if (arena != nullptr && staged != nullptr) {
+    std::vector<wire::ExternalField> rest;
+    for (wire::ExternalField& field : external) {
+      std::optional<HostArena::Block> block;
+      const bool wanted = field.bytes.size() >= kMinStagedBytes &&
+                          field.owner->GetDescriptor() == v1::Tensor::descriptor() &&
+                          field.field->number() == v1::Tensor::kDataFieldNumber;
+      if (wanted) block = arena->Take(size_t(field.bytes.size()));
+      if (!block) {
+        if (wanted) staged->missed_bytes += field.bytes.size();
+        rest.push_back(std::move(field));
+        continue;
+      }
+      field.bytes.CopyTo(0, field.bytes.size(), block->data());
+      staged->arena_bytes += field.bytes.size();
+      staged->blocks.emplace_back(field.owner, *std::move(block));
+    }
+    external = std::move(rest);
+  }
   wire::Materialize(&external);
   return absl::OkStatus();
 }
@@ -129,7 +148,9 @@ absl::StatusOr<OpResult> Run(Engine& engine, const AttentionSpec& spec, const Ca
 // alive until the resolver goes.
 class StoreResolver final : public HandleResolver {
  public:
-  StoreResolver(TensorStore& store, const std::string& owner) : store_(store), owner_(owner) {}
+  // `staged` (may be null): the request's tensors decoded into the arena.
+  StoreResolver(TensorStore& store, const std::string& owner, const StagedTensors* staged = nullptr)
+      : store_(store), owner_(owner), staged_(staged) {}
   absl::StatusOr<TensorView> Resolve(const std::string& handle, const std::string& field) override {
     ASSIGN_OR_RETURN(std::shared_ptr<ResidentTensor> tensor, store_.Acquire(owner_, handle, field));
     const TensorView view = tensor->view();
@@ -138,11 +159,19 @@ class StoreResolver final : public HandleResolver {
     }
     return view;
   }
+  std::optional<absl::string_view> StagedData(const v1::Tensor& tensor) override {
+    if (staged_ == nullptr) return std::nullopt;
+    for (const auto& [message, block] : staged_->blocks) {
+      if (message == &tensor) return absl::string_view(block.data(), block.size());
+    }
+    return std::nullopt;
+  }
   const std::vector<std::shared_ptr<ResidentTensor>>& held() const { return held_; }
 
  private:
   TensorStore& store_;
   const std::string& owner_;
+  const StagedTensors* staged_;
   std::vector<std::shared_ptr<ResidentTensor>> held_;
 };
 
@@ -304,13 +333,22 @@ class ComputeService::OpCall final
     }
     auto request = std::make_unique<Request>();
     const absl::Time decode_start = absl::Now();
-    if (absl::Status decoded = Decode(holding_.raw, request.get()); !decoded.ok()) {
+    // Echo's tensor goes back in its message: never into the arena.
+    HostArena* const arena =
+        std::is_same_v<Request, v1::EchoRequest> ? nullptr : service_->options_.request_arena;
+    StagedTensors staged;
+    if (absl::Status decoded = Decode(holding_.raw, request.get(), arena, &staged); !decoded.ok()) {
       Fail(decoded);
       return;
     }
     holding_.decode_seconds += SecondsSince(decode_start);
+    if (arena != nullptr)
+      service_->metrics_->AddStagedBytes(staged.arena_bytes, staged.missed_bytes);
     auto response = std::make_unique<Response>();
+    holding_.staged = &staged;
     const absl::Status status = service_->Execute(*request, response.get(), call_, &holding_);
+    holding_.staged = nullptr;
+    staged.blocks.clear();  // the operation is done with them
     if (holding_.request_bytes >= kRecycleMessageBytes) RecycleTensorBytes(request.get());
     request.reset();  // its bytes go before the answer's are encoded
     if (status.ok() && holding_.more_bytes > 0) {
@@ -614,7 +652,7 @@ absl::Status ComputeService::Execute(const Request& request, Response* response,
     return gone;
   }
   const absl::Time decode_start = absl::Now();
-  StoreResolver handles(engine_->store(), call.owner);
+  StoreResolver handles(engine_->store(), call.owner, holding->staged);
   auto spec = Parse(request, options_.limits, &handles);
   // The request's bytes decoded into its message (before this call), then
   // parsed and validated here.

@@ -27,6 +27,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -36,6 +37,7 @@
 #include "absl/time/time.h"
 #include "gpucompute/v1/compute.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/device/host_arena.h"
 #include "server/engine/admission.h"
 #include "server/engine/engine.h"
 #include "server/metrics/metrics.h"
@@ -43,6 +45,17 @@
 #include "server/service/worker_pool.h"
 
 namespace gpucompute {
+
+// Tensors of a request whose bytes were decoded into the request arena:
+// each tensor message (its data field left empty) with the block that holds
+// its bytes, given back when this goes.
+struct StagedTensors {
+  std::vector<std::pair<const google::protobuf::Message*, HostArena::Block>> blocks;
+  // Bytes of tensors large enough for the arena that went there, and that
+  // found no room there (decoded into ordinary memory).
+  int64_t arena_bytes = 0;
+  int64_t missed_bytes = 0;
+};
 
 struct ServiceOptions {
   // Checks beyond the wire format (result size, head dims).
@@ -63,6 +76,11 @@ struct ServiceOptions {
   // client does not read) is ended RESOURCE_EXHAUSTED and its answers
   // dropped; infinite: never.
   absl::Duration stalled_stream_timeout = absl::Seconds(30);
+  // Where the large tensors (kMinStagedBytes and more each) of operation
+  // requests, unary calls and Batch items, are decoded when it has room
+  // (else into strings as usual); null: nowhere. REQUIRES: outlives the
+  // service.
+  HostArena* request_arena = nullptr;
 };
 
 // Upload and Download are served raw: their chunks' bytes go between gRPC's
@@ -144,9 +162,15 @@ class ComputeService final : public ComputeServiceBase {
   class DownloadReactor;
   class UploadAssembly;
 
-  // Decodes a request received raw (each large bytes field copied once,
-  // into a string of its size).
-  static absl::Status Decode(const grpc::ByteBuffer& raw, google::protobuf::Message* message);
+  // Tensors this large and larger go to the request arena when it has room.
+  static constexpr int64_t kMinStagedBytes = int64_t{1} << 20;
+
+  // Decodes a request received raw, each large bytes field copied once: the
+  // data of a tensor of kMinStagedBytes or more into a block of `arena`
+  // (recorded in `*staged`) when it has room, every other one into a string
+  // of its size. `arena` may be null (then `staged` is unused).
+  static absl::Status Decode(const grpc::ByteBuffer& raw, google::protobuf::Message* message,
+                             HostArena* arena = nullptr, StagedTensors* staged = nullptr);
 
   // Longest BatchRequest.id accepted (it is echoed in the answer).
   static constexpr size_t kMaxBatchIdBytes = 1024;
@@ -247,6 +271,9 @@ class ComputeService final : public ComputeServiceBase {
     bool queued = false;
     // Set by Execute when `ticket` is not enough: the bytes to wait for.
     int64_t more_bytes = 0;
+    // The request's tensors decoded into the request arena, while it runs
+    // (null: none).
+    const StagedTensors* staged = nullptr;
   };
 
   // One item of a Batch stream, on the calling (worker) thread: checks its id

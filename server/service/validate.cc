@@ -65,6 +65,15 @@ absl::StatusOr<TensorView> RequireTensor(bool has, const v1::Tensor& tensor,
   return ParseTensor(tensor, field, handles);
 }
 
+// The bytes of `tensor`'s data field: in the message, or where `handles`
+// says they were decoded.
+absl::string_view TensorData(const v1::Tensor& tensor, HandleResolver* handles) {
+  if (tensor.data().empty() && handles != nullptr) {
+    if (std::optional<absl::string_view> staged = handles->StagedData(tensor)) return *staged;
+  }
+  return tensor.data();
+}
+
 // A tensor naming a handle: the resident tensor, checked against whatever
 // dtype and shape the request gives.
 absl::StatusOr<TensorView> ResolveTensor(const v1::Tensor& tensor, absl::string_view field,
@@ -73,10 +82,9 @@ absl::StatusOr<TensorView> ResolveTensor(const v1::Tensor& tensor, absl::string_
     return Invalid(absl::StrCat(field, ".handle"),
                    "resident tensors are not taken here; send the bytes in data");
   }
-  if (!tensor.data().empty()) {
-    return Invalid(
-        absl::StrCat(field, ".data"),
-        absl::StrCat("expected no bytes beside a handle but got ", tensor.data().size()));
+  if (const absl::string_view data = TensorData(tensor, handles); !data.empty()) {
+    return Invalid(absl::StrCat(field, ".data"),
+                   absl::StrCat("expected no bytes beside a handle but got ", data.size()));
   }
   // No resident tensor has a longer shape; one is refused before it would
   // be echoed in a message below.
@@ -180,14 +188,14 @@ absl::StatusOr<TensorView> ParseTensor(const v1::Tensor& tensor, absl::string_vi
   TensorView view;
   view.dtype = *ParseDType(tensor.dtype(), field);
   view.shape.assign(tensor.shape().begin(), tensor.shape().end());
-  if (static_cast<int64_t>(tensor.data().size()) != expected) {
-    return Invalid(
-        absl::StrCat(field, ".data"),
-        absl::StrCat("expected ", expected, " bytes (shape ", ShapeString(view.shape), " x ",
-                     DTypeSize(view.dtype), "-byte ", std::string(DTypeName(view.dtype)),
-                     ") but got ", tensor.data().size()));
+  const absl::string_view data = TensorData(tensor, handles);
+  if (static_cast<int64_t>(data.size()) != expected) {
+    return Invalid(absl::StrCat(field, ".data"),
+                   absl::StrCat("expected ", expected, " bytes (shape ", ShapeString(view.shape),
+                                " x ", DTypeSize(view.dtype), "-byte ",
+                                std::string(DTypeName(view.dtype)), ") but got ", data.size()));
   }
-  view.data = tensor.data().data();
+  view.data = data.data();
   return view;
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,8 @@ absl::StatusOr<DType> ParseDType(v1::DType dtype, absl::string_view field);
 // Ours -> proto.
 v1::DType ToProtoDType(DType dtype);
 
-// Resolves Tensor.handle: a resident tensor as an operand.
+// Resolves Tensor.handle: a resident tensor as an operand. Also says where a
+// tensor's bytes are when they were decoded outside its message.
 class HandleResolver {
  public:
   virtual ~HandleResolver() = default;
@@ -48,6 +50,13 @@ class HandleResolver {
   // long as the resolver lives; NOT_FOUND naming `field` and saying why.
   virtual absl::StatusOr<TensorView> Resolve(const std::string& handle,
                                              const std::string& field) = 0;
+  // The bytes of `tensor`'s data field when they were decoded elsewhere than
+  // the message (whose field is then empty): the request arena. Valid as
+  // long as the resolver lives. Nothing (the default) when they were not.
+  virtual std::optional<absl::string_view> StagedData(const v1::Tensor& tensor) {
+    (void)tensor;
+    return std::nullopt;
+  }
 };
 
 // Validates one tensor (dtype, dims >= 0, element count fits in int64, byte

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -123,6 +124,26 @@ TEST(HostMemoryTest, TheTrimmerGivesBackFreedMemoryBeyondTheRetention) {
   EXPECT_LT(keep_none.KeptFreeBytes(), HostMemoryTrimmer::kSlackBytes);
   EXPECT_FALSE(keep_none.Trim());
   free(pin);
+}
+
+// Memory mapped outside the allocator and declared foreign (as pinned
+// buffers are) is not taken for freed memory kept: with it the trimmer has
+// no more to give back; without the declaration it counts as freed memory.
+TEST(HostMemoryTest, TheTrimmerLeavesForeignResidentMemoryAlone) {
+  SKIP_WITHOUT_GLIBC_ALLOCATOR();
+  constexpr size_t kBytes = size_t{96} << 20;
+  malloc_trim(0);
+  HostMemoryTrimmer keep_none(0, absl::InfiniteDuration());
+  const int64_t before = keep_none.KeptFreeBytes();
+  void* mapped = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  std::memset(mapped, 1, kBytes);                                      // resident now
+  EXPECT_GE(keep_none.KeptFreeBytes(), before + int64_t{kBytes} / 2);  // as if freed and kept
+  AddForeignResidentBytes(int64_t{kBytes});
+  EXPECT_LT(keep_none.KeptFreeBytes(), before + int64_t{kBytes} / 4);
+  AddForeignResidentBytes(-int64_t{kBytes});
+  munmap(mapped, kBytes);
+  EXPECT_EQ(ForeignResidentBytes(), 0);
 }
 
 constexpr size_t kMiB = size_t{1} << 20;

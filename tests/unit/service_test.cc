@@ -388,6 +388,8 @@ TEST(ServerCreateTest, RejectsBadOptionsNamingTheFlag) {
   add([](ServerOptions& o) { o.device_max_inflight_bytes = -2; },
       absl::StatusCode::kInvalidArgument, "--device_max_inflight_bytes");
   add([](ServerOptions& o) { o.listen = ""; }, absl::StatusCode::kInvalidArgument, "--listen");
+  add([](ServerOptions& o) { o.request_staging_bytes = -2; }, absl::StatusCode::kInvalidArgument,
+      "--request_staging_bytes");
   // Without a GPU (or without CUDA in the build) the CUDA backend is refused.
   if (!CudaAvailable()) {
     add([](ServerOptions& o) { o.backend = "cuda"; }, absl::StatusCode::kFailedPrecondition,
@@ -777,6 +779,146 @@ double MetricValue(const std::string& text, const std::string& name) {
     }
   }
   return -1;
+}
+
+// Large operands of unary operations are decoded into the request arena
+// (--request_staging_bytes) and read from there: the results are right, the
+// blocks go back after each call, a tensor the arena has no room for is
+// decoded as usual, and Echo (whose tensor goes back in its message) never
+// uses it. Several calls at once share the arena, and so do Batch items.
+TEST_F(ServerTest, LargeOperandsAreDecodedIntoTheRequestArena) {
+  ServerOptions options;
+  options.cpu_devices = 3;
+  options.request_staging_bytes = 12 << 20;
+  StartServer(options);
+  ASSERT_NE(server_->request_arena(), nullptr);
+  EXPECT_EQ(server_->request_arena()->capacity(), size_t{12} << 20);
+  const std::string staged = "gpucompute_request_arena_bytes_total{result=\"staged\"}";
+  const std::string missed = "gpucompute_request_arena_bytes_total{result=\"missed\"}";
+  auto value = [&](const std::string& name) {
+    return std::max(0.0, MetricValue(server_->metrics().Scrape(), name));
+  };
+
+  // a: 1025 x 700 fp32 (2.7 MiB, staged); b: 700 x 97 (265 KiB, a string);
+  // c: 1025 x 97 (388 KiB) with beta.
+  auto gemm = [&](int64_t m, int64_t k, int64_t n) {
+    v1::GemmRequest request;
+    *request.mutable_a() = RandomTensor({m, k}, rng_);
+    *request.mutable_b() = RandomTensor({k, n}, rng_);
+    *request.mutable_c() = RandomTensor({m, n}, rng_);
+    request.set_alpha(0.5);
+    request.set_beta(-2);
+    v1::GemmResponse response;
+    grpc::Status status = stub_->Gemm(Context().get(), request, &response);
+    if (!status.ok()) return absl::StrCat("status: ", status.error_message());
+    const std::vector<double> c = Doubles(request.c());
+    const std::vector<double> want =
+        reference::Gemm(Doubles(request.a()), Doubles(request.b()), &c, 1, m, n, k, false, false,
+                        false, false, false, 0.5, -2);
+    // Products near zero (alpha * AB cancelling beta * C) are held to the
+    // terms' scale, as the CLI's tests are.
+    const double rtol = reference::Rtol(DType::kFloat32, k);
+    return reference::CompareClose(Doubles(response.c()), want, 6 * rtol, rtol);
+  };
+  EXPECT_EQ(gemm(1025, 700, 97), "");
+  EXPECT_EQ(value(staged), 1025 * 700 * 4);
+  EXPECT_EQ(value(missed), 0);
+  EXPECT_EQ(server_->request_arena()->used_bytes(), 0u);
+
+  // A transpose of 16 MiB: more than the arena holds, decoded as usual.
+  {
+    v1::TransposeRequest request;
+    *request.mutable_input() = RandomTensor({2048, 2048}, rng_);
+    v1::TransposeResponse response;
+    ASSERT_TRUE(stub_->Transpose(Context().get(), request, &response).ok());
+    const std::vector<double> in = Doubles(request.input()), out = Doubles(response.output());
+    ASSERT_EQ(out.size(), in.size());
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < 2048; ++r) {
+      for (int64_t c = 0; c < 2048; ++c) wrong += out[c * 2048 + r] != in[r * 2048 + c];
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(value(missed), 2048 * 2048 * 4);
+  }
+
+  // Echo keeps its tensor in the message.
+  {
+    v1::EchoRequest echo;
+    *echo.mutable_input() = RandomTensor({1024, 512}, rng_);
+    v1::EchoResponse echoed;
+    ASSERT_TRUE(stub_->Echo(Context().get(), echo, &echoed).ok());
+    EXPECT_EQ(echoed.output().data(), echo.input().data());
+  }
+
+  // Eight callers at once, each with 2 x 2 MiB operands: the arena (12 MiB)
+  // holds some at a time, the others decode as usual; every result is right.
+  const double staged_before = value(staged), missed_before = value(missed);
+  std::vector<std::string> errors(8);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 8; ++i) {
+    callers.emplace_back([&, i] {
+      for (int round = 0; round < 3 && errors[i].empty(); ++round) errors[i] = gemm(512, 1024, 512);
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  // Every large operand went one way or the other: 8 x 3 calls, a and b of
+  // 2 MiB each and c of 1 MiB.
+  EXPECT_EQ(value(staged) - staged_before + value(missed) - missed_before,
+            8 * 3 * (2 * (512 * 1024 * 4) + 512 * 512 * 4));
+  EXPECT_GT(value(staged), staged_before);
+  EXPECT_EQ(server_->request_arena()->used_bytes(), 0u);
+
+  // Batch items too: 12 reductions of 1024 x 512 (2 MiB each), answered
+  // right, every input through the arena or counted as missed.
+  {
+    const double staged_at = value(staged), missed_at = value(missed);
+    auto context = Context();
+    auto stream = stub_->Batch(context.get());
+    std::map<std::string, std::vector<double>> want;
+    for (int i = 0; i < 12; ++i) {
+      v1::BatchRequest item;
+      item.set_id(absl::StrCat("item-", i));
+      v1::ReduceRequest* reduce = item.mutable_reduce();
+      *reduce->mutable_input() = RandomTensor({1024, 512}, rng_);
+      reduce->set_op(v1::MAX);
+      reduce->set_has_axis(true);
+      reduce->set_axis(1);
+      want[item.id()] =
+          reference::Reduce(Doubles(reduce->input()), 1024, 512, 1, reference::ReduceOp::kMax);
+      ASSERT_TRUE(stream->Write(item));
+    }
+    stream->WritesDone();
+    v1::BatchResponse response;
+    int answered = 0;
+    while (stream->Read(&response)) {
+      ++answered;
+      EXPECT_EQ(response.code(), 0) << response.message();
+      EXPECT_EQ(Doubles(response.reduce().output()), want[response.id()]) << response.id();
+    }
+    EXPECT_TRUE(stream->Finish().ok());
+    EXPECT_EQ(answered, 12);
+    EXPECT_EQ(value(staged) - staged_at + value(missed) - missed_at, 12 * (1024 * 512 * 4));
+    EXPECT_GT(value(staged), staged_at);
+    EXPECT_EQ(server_->request_arena()->used_bytes(), 0u);
+  }
+
+  // A handle with bytes beside it is refused whether or not they were staged.
+  v1::GemmRequest both;
+  *both.mutable_a() = RandomTensor({512, 1024}, rng_);
+  both.mutable_a()->set_handle("t-none");
+  *both.mutable_b() = RandomTensor({1024, 4}, rng_);
+  v1::GemmResponse refused;
+  grpc::Status status = stub_->Gemm(Context().get(), both, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "a.data")) << status.error_message();
+  EXPECT_EQ(server_->request_arena()->used_bytes(), 0u);
+}
+
+// The CPU backend has no request arena unless asked for one.
+TEST_F(ServerTest, TheCpuBackendHasNoRequestArenaByDefault) {
+  StartServer(ServerOptions());
+  EXPECT_EQ(server_->request_arena(), nullptr);
 }
 
 // A request whose bytes come late: the wait is its receive stage, in its

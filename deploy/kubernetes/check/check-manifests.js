@@ -139,6 +139,7 @@ const kDefaults = {
   max_inflight_bytes: 4 * 2 ** 30,
   retain_host_memory_bytes: 2 ** 31 - 1,
   pinned_staging_bytes: 256 * 2 ** 20,
+  request_staging_bytes: -1,
   shutdown_timeout: "30s",
   cpu_devices: "1",
 };
@@ -243,6 +244,9 @@ function policyProblems(docs, serverFlags) {
       const number = (name) => Number(flags[name] !== undefined ? flags[name] : kDefaults[name]);
       let need = number("max_inflight_bytes") + number("retain_host_memory_bytes") + kGiB;
       if (number("max_inflight_bytes") === 0) problems.push(`${cat}: --max_inflight_bytes=0 bounds nothing`);
+      // The request arena: -1 is 1 GiB on the CUDA backend, none on the CPU.
+      const arena = number("request_staging_bytes");
+      need += arena >= 0 ? arena : gpus > 0 ? kGiB : 0;
       if (gpus > 0) {
         need += gpus * (number("pinned_staging_bytes") + kGiB / 2);
       } else {

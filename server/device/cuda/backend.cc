@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpucompute/kernels/gemm.h"
+#include "proto/host_memory.h"
 #include "server/common/status_macros.h"
 #include "server/device/cuda/cuda_util.h"
 
@@ -164,6 +165,25 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
   std::vector<std::unique_ptr<Device>> out;
   for (auto& d : devices) out.push_back(std::move(d));
   return out;
+}
+
+absl::StatusOr<std::unique_ptr<HostArena>> CreatePinnedArena(int ordinal, int64_t bytes) {
+  const size_t a = HostArena::kAlignment;
+  const size_t capacity = (size_t(bytes) + a - 1) / a * a;
+  DeviceGuard guard(ordinal);
+  void* base = nullptr;
+  if (cudaError_t err = cudaHostAlloc(&base, capacity, cudaHostAllocPortable); err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("--request_staging_bytes: cannot pin ", capacity, " bytes of host memory (",
+                     cudaGetErrorString(err), "); ask for less, or 0 for none"));
+  }
+  // Resident for good, outside the allocator: not freed memory to trim.
+  AddForeignResidentBytes(int64_t(capacity));
+  return std::make_unique<HostArena>(base, capacity, /*pinned=*/true, [capacity](void* p) {
+    cudaFreeHost(p);
+    AddForeignResidentBytes(-int64_t(capacity));
+  });
 }
 
 }  // namespace gpucompute::cuda

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "server/device/cuda/cuda_device.h"
 #include "server/device/device.h"
+#include "server/device/host_arena.h"
 
 namespace gpucompute::cuda {
 
@@ -32,6 +33,13 @@ int CountUsableGpus();
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateCudaDevices(
     const std::vector<int>& ordinals, const std::vector<double>& weights,
     const CudaDeviceOptions& options);
+
+// Pinned host memory of `bytes` (rounded up to HostArena::kAlignment), made
+// with GPU `ordinal` current and usable by every GPU (portable): what large
+// request operands are decoded into, so that they reach a GPU by DMA alone.
+// Errors: RESOURCE_EXHAUSTED naming --request_staging_bytes when the memory
+// cannot be pinned.
+absl::StatusOr<std::unique_ptr<HostArena>> CreatePinnedArena(int ordinal, int64_t bytes);
 
 }  // namespace gpucompute::cuda
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "proto/host_memory.h"
 #include "server/device/cuda/cuda_util.h"
 #include "server/device/host_copy.h"
 
@@ -109,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Lane>> Lane::Create(int ordinal, const StagingOpt
     s = CudaStatus(cudaHostAlloc(&p, staging.chunk_bytes, cudaHostAllocPortable), "cudaHostAlloc");
     if (!s.ok()) return s;
     lane->buffers_.push_back(p);
+    AddForeignResidentBytes(int64_t(staging.chunk_bytes));  // pinned: not for the trimmer
     cudaEvent_t e;
     s = CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     if (!s.ok()) return s;
@@ -122,7 +124,10 @@ Lane::~Lane() {
   DeviceGuard guard(ordinal_);
   if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
   if (stream_) cudaStreamSynchronize(stream_);
-  for (void* p : buffers_) cudaFreeHost(p);
+  for (void* p : buffers_) {
+    cudaFreeHost(p);
+    AddForeignResidentBytes(-int64_t(staging_.chunk_bytes));
+  }
   for (cudaEvent_t e : ready_) cudaEventDestroy(e);
   for (cudaEvent_t e : {kernel_begin_, kernel_end_}) {
     if (e) cudaEventDestroy(e);

@@ -15,6 +15,31 @@ double SecondsSince(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// A 2-D copy of `rows` rows of `row_bytes` between any two places the
+// runtime can address (device memory of any GPU, or pinned host memory).
+cudaError_t Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                   size_t rows, cudaStream_t stream) {
+  if (rows == 0 || row_bytes == 0) return cudaSuccess;
+  if (dst_pitch == 0) dst_pitch = row_bytes;
+  if (src_pitch == 0) src_pitch = row_bytes;
+  if (rows == 1 || (dst_pitch == row_bytes && src_pitch == row_bytes)) {
+    return cudaMemcpyAsync(dst, src, rows * row_bytes, cudaMemcpyDefault, stream);
+  }
+  return cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDefault,
+                           stream);
+}
+
+// Whether `p` is page-locked host memory (pinned or registered) that the GPUs
+// can copy from directly.
+bool IsPinned(const void* p) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
 }  // namespace
 
 ShardScope::ShardScope(CudaDevice* device)
@@ -53,6 +78,20 @@ absl::StatusOr<void*> ShardScope::Workspace(size_t bytes) {
 absl::Status ShardScope::Upload(void* dst, const void* src, size_t rows, size_t row_bytes,
                                 size_t pitch) {
   const auto start = std::chrono::steady_clock::now();
+  const bool dense = rows <= 1 || pitch == 0 || pitch == row_bytes;
+  if (rows * row_bytes >= kDirectMinBytes && (dense || row_bytes >= kDirectMinRowBytes) &&
+      IsPinned(src)) {
+    // Pinned already (decoded into the server's request arena): one DMA, no
+    // staging copy. Waited for, so that its time is the copy's whole time
+    // and the source may go when this returns, as after a staged upload.
+    RETURN_IF_ERROR(device_->Check(
+        Copy2D(dst, row_bytes, src, pitch ? pitch : row_bytes, row_bytes, rows, lane_->stream()),
+        "host-to-device copy from pinned memory"));
+    RETURN_IF_ERROR(device_->Check(cudaStreamSynchronize(lane_->stream()), "host-to-device copy"));
+    h2d_seconds_ += SecondsSince(start);
+    h2d_bytes_ += double(rows * row_bytes);
+    return absl::OkStatus();
+  }
   absl::Status s = lane_->Upload(dst, src, rows, row_bytes, pitch);
   h2d_seconds_ += SecondsSince(start);
   h2d_bytes_ += double(rows * row_bytes);
@@ -86,24 +125,6 @@ absl::Status ShardScope::Download(void* dst, size_t pitch, const void* src, size
   }
   return s;
 }
-
-namespace {
-
-// A 2-D copy of `rows` rows of `row_bytes` between any two places the
-// runtime can address (device memory of any GPU, or pinned host memory).
-cudaError_t Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-                   size_t rows, cudaStream_t stream) {
-  if (rows == 0 || row_bytes == 0) return cudaSuccess;
-  if (dst_pitch == 0) dst_pitch = row_bytes;
-  if (src_pitch == 0) src_pitch = row_bytes;
-  if (rows == 1 || (dst_pitch == row_bytes && src_pitch == row_bytes)) {
-    return cudaMemcpyAsync(dst, src, rows * row_bytes, cudaMemcpyDefault, stream);
-  }
-  return cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDefault,
-                           stream);
-}
-
-}  // namespace
 
 absl::StatusOr<const void*> ShardScope::Input(const TensorView& view, int64_t offset, size_t rows,
                                               size_t row_bytes, size_t pitch) {

@@ -47,7 +47,13 @@ class ShardScope {
   absl::StatusOr<void*> Workspace(size_t bytes);
   static constexpr size_t kMaxLaneScratchBytes = size_t{64} << 20;
 
-  // Lane::Upload, with its time and bytes accounted as host to device.
+  // Lane::Upload, with its time and bytes accounted as host to device. From
+  // pinned host memory (the server's request arena), kDirectMinBytes and
+  // more go as one DMA instead, waited for: dense rows, or rows of at least
+  // kDirectMinRowBytes (a DMA of many short rows is slower than gathering
+  // them into the staging buffers).
+  static constexpr size_t kDirectMinBytes = size_t{64} << 10;
+  static constexpr size_t kDirectMinRowBytes = size_t{4} << 10;
   absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t pitch);
   // Lane::UploadFrom, accounted the same way.
   absl::Status UploadFrom(void* dst, size_t n, const HostSource& src);
