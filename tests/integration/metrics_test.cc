@@ -73,9 +73,10 @@ TEST(MetricsTest, ScrapedAndCleanUnderPromtool) {
   }
   for (const char* family :
        {"gpucompute_queue_duration_seconds histogram", "gpucompute_build_info gauge",
-        "gpucompute_host_kept_bytes gauge", "process_cpu_seconds_total counter",
-        "process_resident_memory_bytes gauge", "process_virtual_memory_bytes gauge",
-        "process_open_fds gauge", "process_max_fds gauge", "process_start_time_seconds gauge"}) {
+        "gpucompute_host_kept_bytes gauge", "gpucompute_request_arena_bytes_total counter",
+        "process_cpu_seconds_total counter", "process_resident_memory_bytes gauge",
+        "process_virtual_memory_bytes gauge", "process_open_fds gauge", "process_max_fds gauge",
+        "process_start_time_seconds gauge"}) {
     EXPECT_TRUE(absl::StrContains(m, absl::StrCat("# TYPE ", family, "\n"))) << family;
   }
   // Every operation that was admitted waited in the queue once (the invalid
