@@ -496,6 +496,71 @@ TEST_F(ClientTransferTest, DownloadSinkSeesEveryByteOnceInOrderPerPart) {
   EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<int64_t>(seen.size()));
 }
 
+// Chunks of 1 MiB and more over two streams: the sink sees each part's
+// bytes once, in order, one call at a time per stream; and an error from the
+// sink stops the download and is what it returns.
+TEST_F(ClientTransferTest, LargeChunksAreDeliveredOnceInOrderAndASinkErrorStops) {
+  service_.download_chunk_bytes = (1 << 20) + 4;
+  // Uploaded in chunks within this test server's 4 MiB messages.
+  auto client = Connect({.streams = 2, .chunk_bytes = 1 << 20, .parallel_min_bytes = 0});
+  const int64_t bytes = 9 * (1 << 20) + 6;
+  const std::string data = Pattern(bytes);
+  auto info = client->Upload(v1::FLOAT16, {bytes / 2}, data.data());
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::vector<ByteRange> parts = SplitTransfer(bytes, 2, 0);
+
+  absl::Mutex mu;
+  std::vector<int> seen(bytes, 0);
+  std::map<int64_t, int64_t> next_of_part;
+  std::map<int64_t, int> calls_in_part;  // calls running now, per part
+  bool in_order = true, overlapped = false;
+  int64_t wrong = 0;
+  auto sink = [&](int64_t offset, const char* got, int64_t size) {
+    const ByteRange* part = nullptr;
+    for (const ByteRange& p : parts) {
+      if (offset >= p.begin && offset < p.end) part = &p;
+    }
+    if (part == nullptr) return absl::InternalError("bytes outside every part");
+    {
+      absl::MutexLock lock(&mu);
+      if (calls_in_part[part->begin]++ > 0) overlapped = true;
+      auto [it, fresh] = next_of_part.emplace(part->begin, part->begin);
+      if (it->second != offset) in_order = false;
+      it->second = offset + size;
+    }
+    int64_t bad = 0;
+    for (int64_t i = 0; i < size; ++i) bad += got[i] != data[offset + i];
+    absl::MutexLock lock(&mu);
+    for (int64_t i = 0; i < size; ++i) ++seen[offset + i];
+    wrong += bad;
+    --calls_in_part[part->begin];
+    return absl::OkStatus();
+  };
+  auto result = client->DownloadTo(info->handle(), sink);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(in_order);
+  EXPECT_FALSE(overlapped);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), bytes);
+
+  std::vector<char> dst(bytes);
+  ASSERT_TRUE(client->Download(info->handle(), dst.data(), bytes).ok());
+  EXPECT_EQ(std::string(dst.data(), dst.size()), data);
+
+  // The sink fails on its third call: that error comes back, and no call
+  // comes after it on that stream.
+  std::atomic<int> calls{0};
+  auto failing = client->DownloadTo(
+      info->handle(),
+      [&](int64_t, const char*, int64_t) {
+        return ++calls == 3 ? absl::DataLossError("the sink's own error") : absl::OkStatus();
+      },
+      {.streams = 1});
+  EXPECT_EQ(failing.status().code(), absl::StatusCode::kDataLoss) << failing.status();
+  EXPECT_EQ(failing.status().message(), "the sink's own error");
+  EXPECT_EQ(calls.load(), 3);
+}
+
 TEST_F(ClientTransferTest, ABrokenDownloadStreamIsInternal) {
   service_.download_chunk_bytes = 100;
   service_.download_gap = 4;  // a hole after the first chunk
