@@ -50,8 +50,8 @@ class ShardScope {
   // Lane::Upload, with its time and bytes accounted as host to device. From
   // pinned host memory (the server's request arena), kDirectMinBytes and
   // more go as one DMA instead, waited for: dense rows, or rows of at least
-  // kDirectMinRowBytes (a DMA of many short rows is slower than gathering
-  // them into the staging buffers).
+  // kDirectMinRowBytes (a DMA of many short rows was not measured; those keep
+  // the staging copy, which gathers them on the host).
   static constexpr size_t kDirectMinBytes = size_t{64} << 10;
   static constexpr size_t kDirectMinRowBytes = size_t{4} << 10;
   absl::Status Upload(void* dst, const void* src, size_t rows, size_t row_bytes, size_t pitch);
