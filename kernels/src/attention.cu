@@ -83,6 +83,13 @@
 //                 shared memory, each tile worked out once by the producer,
 //                 wgmma descriptors stepped by one add: 1.152x -> 1.198x,
 //                 58 -> 81 of 106 >= 1.0x, minimum 0.82 -> 0.86x.
+//                 Then (runs 30-31, 2026-12-06, H200, against the base in
+//                 the same runs) the last round of a persistent grid without
+//                 the mask dealt out by key blocks (stream-K over the tail;
+//                 heuristics' WgmmaTailBlocks): 0.974x the time at B32 H32
+//                 S512 D64 (4 tiles left of 4096), 0.976x at B1 H16 S16384
+//                 D128, 0.82-0.88x on random shapes with a short last round;
+//                 where the merge outweighs the blocks saved it is not taken.
 // Best version against the floor: 692 TFLOP/s at d 128 (B1 H16 S16384,
 // non-causal, sweep run 12) is 70% of the ~990 TFLOP/s dense bf16 peak (cuDNN
 // 687 on the same shape); decode streams K/V at 4.2 TB/s, the copy ceiling.
@@ -277,14 +284,16 @@ MmaPlan PlanMma(const AttentionArgs& a) {
       pl.split_len = 0;
     }
   } else if (ctas < sms && key_blocks >= 8) {
-    // Decode: exactly one wave of equal splits over every resident block slot
-    // (measured: 17 splits in 2.75 waves lost ~8% to the tail). Otherwise
-    // about four blocks per SM.
+    // Decode: exactly one wave of equal splits over every resident block slot,
+    // each kDecodeMinSplitBlocks long or more (heuristics). Otherwise about
+    // four blocks per SM, each split four key blocks or more.
     const int64_t want =
         pl.decode
             ? std::max<int64_t>(1, int64_t(sms) * DecodeBlocksPerSm(a.dtype, a.head_dim) / ctas)
             : (4 * int64_t(sms) + ctas - 1) / ctas;
-    const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({want, key_blocks / 4, 128}));
+    const int64_t splits = std::max<int64_t>(
+        1, std::min<int64_t>(
+               {want, pl.decode ? key_blocks / kDecodeMinSplitBlocks : key_blocks / 4, 128}));
     const int64_t per = (key_blocks + splits - 1) / splits;
     pl.split_len = int(per * pl.bc);
     pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);
@@ -312,6 +321,29 @@ void LaunchCombine(const AttnParams& p, int kd, cudaStream_t stream) {
       break;
     default:
       CombineSplitsKernel<T, 256><<<rows, kCombineThreads, 0, stream>>>(p);
+      break;
+  }
+}
+
+// Merges the pieces of flash_wgmma's tail tiles (query tiles br rows high):
+// one block per row of every tail tile (those past seq_q return).
+template <typename T>
+void LaunchCombineTail(const AttnParams& p, const TailSplit& t, int kd, int br,
+                       cudaStream_t stream) {
+  const unsigned rows =
+      unsigned(br * (int64_t(p.batch) * p.heads_q * ((p.seq_q + br - 1) / br) - t.first));
+  switch (kd) {
+    case 64:
+      CombineTailKernel<T, 64><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
+      break;
+    case 128:
+      CombineTailKernel<T, 128><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
+      break;
+    case 192:
+      CombineTailKernel<T, 192><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
+      break;
+    default:
+      CombineTailKernel<T, 256><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
       break;
   }
 }
@@ -401,11 +433,13 @@ struct WgmmaPlan {
   int kd = 128;  // padded head dim
   int br = 128;  // query rows per tile
   int bc = 128;  // keys per block
+  int64_t tiles = 0;  // query blocks x batch x heads_q (before key splits)
   int splits = 1;
   int split_len = 0;
   bool persistent = false;    // one block per SM walking the tiles (more tiles than SMs)
   bool tile_counter = false;  // a persistent grid fed by a counter (after the partials)
   size_t counter_offset = 0;
+  TailSplit tail;  // the last round dealt out by key blocks (tail.per 0: not)
   size_t workspace = 0;
 };
 
@@ -423,6 +457,7 @@ WgmmaPlan PlanWgmma(const AttentionArgs& a) {
   const int bc = WgmmaKeyTile(shape);
   pl.bc = bc ? bc : WgmmaDefaultKeyTile(pl.kd);
   const int64_t tiles = (a.seq_q + pl.br - 1) / pl.br * a.batch * a.heads_q;
+  pl.tiles = tiles;
   const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
   const int64_t splits = WgmmaKeySplits(tiles, key_blocks, SmCount());
   if (splits > 1) {
@@ -437,6 +472,20 @@ WgmmaPlan PlanWgmma(const AttentionArgs& a) {
   }
   pl.persistent = tiles * pl.splits > SmCount();
   pl.tile_counter = WgmmaTileCounter(shape) && pl.persistent;
+  if (pl.splits == 1 && !pl.tile_counter) {
+    const int64_t per = WgmmaTailBlocks(tiles, key_blocks, pl.br, SmCount(), a.causal);
+    if (per > 0) {
+      const int64_t r = tiles % SmCount();
+      pl.tail.per = int(per);
+      pl.tail.first = int(tiles - r);
+      pl.tail.blocks = int(key_blocks);
+      // The most blocks of the grid whose runs meet one tail tile.
+      for (int64_t t = 0; t < r; ++t)
+        pl.tail.pieces = std::max<int>(
+            pl.tail.pieces, int(((t + 1) * key_blocks - 1) / per - t * key_blocks / per + 1));
+      pl.workspace = size_t(r) * pl.tail.pieces * pl.br * (pl.kd + 1) * 4;
+    }
+  }
   if (pl.tile_counter) {
     pl.counter_offset = (pl.workspace + 15) / 16 * 16;
     pl.workspace = pl.counter_offset + 16;
@@ -483,7 +532,7 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const WgmmaPlan& pl, const A
     o_tma = 2;
     smem = Tile::kStagedSmemBytes;
   }
-  kernel<<<grid, Tile::kThreads, smem, stream>>>(tq, tk, tv, to, p, o_tma);
+  kernel<<<grid, Tile::kThreads, smem, stream>>>(tq, tk, tv, to, p, pl.tail, o_tma);
   return cudaGetLastError();
 }
 
@@ -515,7 +564,7 @@ template <typename M, int kSched>
 cudaError_t LaunchWgmmaSplit(const AttentionArgs& a, AttnParams p, void* workspace,
                              cudaStream_t stream) {
   const WgmmaPlan pl = PlanWgmma(a);
-  if (pl.splits > 1 || pl.tile_counter) {
+  if (pl.splits > 1 || pl.tile_counter || pl.tail.per) {
     if (!workspace) return cudaErrorInvalidValue;
   }
   if (pl.tile_counter)
@@ -526,9 +575,16 @@ cudaError_t LaunchWgmmaSplit(const AttentionArgs& a, AttnParams p, void* workspa
     p.part_o = static_cast<float*>(workspace);
     p.part_lse = p.part_o + size_t(pl.splits) * a.batch * a.heads_q * a.seq_q * pl.kd;
   }
+  if (pl.tail.per) {
+    // The tail's partials: [slots, br, kd], then their LSE [slots, br].
+    const int64_t slots = int64_t(pl.tiles - pl.tail.first) * pl.tail.pieces;
+    p.part_o = static_cast<float*>(workspace);
+    p.part_lse = p.part_o + size_t(slots) * pl.br * pl.kd;
+  }
   const cudaError_t err = LaunchWgmma<M, kSched>(a, pl, p, stream);
-  if (err != cudaSuccess || pl.splits == 1) return err;
-  LaunchCombine<M>(p, pl.kd, stream);
+  if (err != cudaSuccess) return err;
+  if (pl.splits > 1) LaunchCombine<M>(p, pl.kd, stream);
+  if (pl.tail.per) LaunchCombineTail<M>(p, pl.tail, pl.kd, pl.br, stream);
   return cudaGetLastError();
 }
 

@@ -46,6 +46,24 @@ struct AttnParams {
   // stride.
   int* tile_counter;
 };
+static_assert(sizeof(AttnParams) <= 128, "see TailSplit");
+
+// flash_wgmma's tail split (heuristics' WgmmaTailBlocks; non-causal, one key
+// split), a kernel argument of its own (AttnParams stays within the 128
+// bytes below which the kernels keep their arguments in registers: past it
+// ptxas addressed them in the parameter space, and the decode kernel ran up
+// to 12% slower): tiles from `first` on are the last round's. Their key
+// blocks (`blocks` per tile) are dealt out `per` to each block of the grid,
+// in order; each run of them inside one tile is a piece, written as an fp32
+// partial to part_o / part_lse at slot (tile - first) * pieces + i (i: the
+// piece's rank in its tile), kBr rows each, and merged by CombineTailKernel.
+// per 0: no tail split.
+struct TailSplit {
+  int first = 0;
+  int per = 0;
+  int blocks = 0;
+  int pieces = 0;
+};
 
 template <typename T>
 __device__ __forceinline__ float ToFloat(T x);

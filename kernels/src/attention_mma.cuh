@@ -489,26 +489,26 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
   }
 }
 
-// Merges the key splits of every row: lse = log sum_z exp(lse_z),
-// O = sum_z exp(lse_z - lse) O_z. One block of 128 threads per row: warp w
-// sums splits w, w + 4, ... over the row's kD columns (lane + 32 c), so a row
-// of many splits is read by many loads in flight, not one chain (32 rows of
-// 49 splits: 10.7 us as one thread per column looping over the splits); the
-// four sums meet in shared memory. The partials are kD wide; columns past D
-// are not stored.
+// Merges n fp32 partials of one row of O (partial z at row first + z *
+// stride of part_o / part_lse, kD wide) into output row `row`: lse = log
+// sum_z exp(lse_z), O = sum_z exp(lse_z - lse) O_z. Warp w of the block's
+// kCombineThreads sums partials w, w + 4, ... over the row's kD columns
+// (lane + 32 c), so a row of many partials is read by many loads in flight,
+// not one chain (32 rows of 49 splits: 10.7 us as one thread per column
+// looping over the splits); the four sums meet in shared memory. Columns
+// past D are not stored.
 inline constexpr int kCombineThreads = 128;
 template <typename T, int kD>
-__global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(const AttnParams p) {
+__device__ __forceinline__ void MergePartials(const AttnParams& p, int64_t row, int64_t first,
+                                              int64_t stride, int n) {
   constexpr int kWarps = kCombineThreads / 32, kCols = kD / 32;
   static_assert(kD % 32 == 0, "columns are spread over the lanes");
   __shared__ float s_acc[kWarps][kD];
   __shared__ float s_sum[kWarps];
-  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
-  const int64_t row = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const float* lse_z = p.part_lse + row;  // split z at lse_z[z * rows]
+  const float* lse_z = p.part_lse + first;  // partial z at lse_z[z * stride]
   float mx = -INFINITY;
-  for (int z = lane; z < p.num_splits; z += 32) mx = fmaxf(mx, lse_z[z * rows]);
+  for (int z = lane; z < n; z += 32) mx = fmaxf(mx, lse_z[z * stride]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   float acc[kCols];
@@ -517,9 +517,9 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(const Att
   float wsum = 0.f;
   if (mx != -INFINITY) {
 #pragma unroll 4
-    for (int z = warp; z < p.num_splits; z += kWarps) {
-      const float w = __expf(lse_z[z * rows] - mx);
-      const float* po = p.part_o + (z * rows + row) * kD + lane;
+    for (int z = warp; z < n; z += kWarps) {
+      const float w = __expf(lse_z[z * stride] - mx);
+      const float* po = p.part_o + (first + z * stride) * kD + lane;
       wsum += w;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, po[32 * c], acc[c]);
@@ -540,6 +540,30 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(const Att
     StoreOut<T>(p, row * p.head_dim + col, none ? 0.f : v / total);
   }
   if (threadIdx.x == 0 && p.lse) p.lse[row] = none ? -INFINITY : mx + logf(total);
+}
+
+// Merges the key splits of every row, one block per row.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(const AttnParams p) {
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
+  const int64_t row = blockIdx.x;
+  MergePartials<T, kD>(p, row, row, rows, p.num_splits);
+}
+
+// Merges the pieces of flash_wgmma's tail tiles (TailSplit), one block per
+// row of each: block x is row x % br of tail tile x / br (br: the kernel's
+// query tile), its pieces at slots (x / br) * t.pieces + z.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kCombineThreads)
+    CombineTailKernel(const AttnParams p, const TailSplit t, int br) {
+  const int tt = int(blockIdx.x) / br, rr = int(blockIdx.x) % br;
+  const int m_blocks = (p.seq_q + br - 1) / br, tile = t.first + tt;
+  const int i = tile % m_blocks * br + rr;
+  if (i >= p.seq_q) return;
+  // Blocks of the grid whose run of tail key blocks meets this tile.
+  const int n = ((tt + 1) * t.blocks - 1) / t.per - tt * t.blocks / t.per + 1;
+  MergePartials<T, kD>(p, int64_t(tile / m_blocks) * p.seq_q + i, int64_t(tt) * t.pieces * br + rr,
+                       br, n);
 }
 
 }  // namespace gpucompute::kernels::attention

@@ -3,7 +3,11 @@
 // A work tile is kBr = 64 * kConsumers query rows of one (batch, query head)
 // against one split of the keys. A block runs 1 + kConsumers warpgroups and
 // walks one or more tiles (see FlashWgmmaKernel: a persistent grid where there
-// are more tiles than SMs). Warpgroup 0 is the producer: it drops its
+// are more tiles than SMs). Without the mask the last round of a persistent
+// grid may be dealt out by key blocks instead (TailSplit): each
+// block takes an equal run of the last tiles' key blocks, one piece per tile
+// it meets, and the pieces' fp32 partials are merged by their LSE after
+// (TailSplit, CombineTailKernel). Warpgroup 0 is the producer: it drops its
 // registers (setmaxnreg) and one of its threads picks the tiles (a fixed
 // stride, or a counter in global memory) and issues the TMA copies: each
 // tile's Q into one of two slots, then the K and V tiles of every key block
@@ -261,7 +265,7 @@ struct WgmmaWork {
   int m0;         // first query row
   int bh;         // batch * heads_q + head
   int bkv;        // batch * heads_kv + kv head
-  int split;      // key split
+  int split;      // key split; -1 - slot for a piece of a tail tile (TailSplit)
   int key_begin;  // first key
   int nblocks;    // key blocks it visits from key_begin
 };
@@ -337,7 +341,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     FlashWgmmaKernel(const __grid_constant__ CUtensorMap tmap_q,
                      const __grid_constant__ CUtensorMap tmap_k,
                      const __grid_constant__ CUtensorMap tmap_v,
-                     const __grid_constant__ CUtensorMap tmap_o, const AttnParams p, int o_tma) {
+                     const __grid_constant__ CUtensorMap tmap_o, const AttnParams p,
+                     const TailSplit tail, int o_tma) {
   constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kStages = Tile::kStages;
   extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
   const uint32_t base = (SmemAddr(wg_smem_raw) + 1023u) & ~1023u;
@@ -351,6 +356,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const int wg = threadIdx.x / 128;
   const int m_blocks = (p.seq_q + kBr - 1) / kBr;
   const int ntiles = m_blocks * p.batch * p.heads_q * p.num_splits;
+  // Tiles run whole (without the mask the last round's may be split).
+  const int nwhole = !kCausal && tail.per ? tail.first : ntiles;
 
   if (threadIdx.x == 0) {
     for (int slot = 0; slot < 2; ++slot) {
@@ -382,17 +389,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         if (q_round > 0) sm90::MbarWaitOrTrap(bar.qempty(slot), (q_round - 1) & 1);
         return slot;
       };
-      for (int tile = blockIdx.x; tile < ntiles;
-           tile = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                                 : tile + int(gridDim.x)) {
-        const WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks);
+      // Hands tile w over with its Q and issues its K/V copies.
+      auto issue = [&](const WgmmaWork& w) {
         const int slot = claim_slot();
         ++q_use;
         StoreWork(bar.work(slot), w);
         if (w.nblocks == 0) {
           // Rows that see no key (or an empty key split): written, not read.
           sm90::MbarArrive(bar.q(slot));
-          continue;
+          return;
         }
         sm90::MbarArriveExpectTx(bar.q(slot), kQTx);
 #pragma unroll
@@ -415,6 +420,26 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                             w.key_begin + n * kBc, w.bkv, bar.vfull(st));
         }
         kv += w.nblocks;
+      };
+      for (int tile = blockIdx.x; tile < nwhole;
+           tile = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                                 : tile + int(gridDim.x))
+        issue(WgmmaTileWork<Tile, kCausal>(p, tile, m_blocks));
+      if (!kCausal && tail.per) {
+        // The tail: this block's run of the last round's key blocks (tile by
+        // tile, tail.blocks each), one piece per tile it meets.
+        const int nb = tail.blocks, per = tail.per;
+        const int total = (ntiles - tail.first) * nb;
+        const int g_end = min(total, (int(blockIdx.x) + 1) * per);
+        for (int g = int(blockIdx.x) * per; g < g_end;) {
+          const int tt = g / nb, kb0 = g % nb, len = min(nb - kb0, g_end - g);
+          WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tail.first + tt, m_blocks);
+          w.key_begin = kb0 * kBc;
+          w.nblocks = len;
+          w.split = -1 - (tt * tail.pieces + int(blockIdx.x) - tt * nb / per);
+          issue(w);
+          g += len;
+        }
       }
       const int slot = claim_slot();
       sm90::StShared32(bar.work(slot), uint32_t(-1));
@@ -621,7 +646,8 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, const CUtenso
 
   float inv[2], lse[2];
   FinishRows(m, l, inv, lse, p.scale);
-  if (tmap_o) {
+  const bool piece = !kCausal && work.split < 0;  // of a tail tile
+  if (tmap_o && !piece) {
     // (Each release of Q's slot sits in its branch: one before the branch,
     // taken or not, cost the D64 and D128 pipelined kernels their wgmma
     // overlap, ptxas C7512.)
@@ -668,9 +694,11 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, const CUtenso
   for (int hh = 0; hh < 2; ++hh) {
     if (row[hh] >= p.seq_q) continue;
     const int64_t lrow = int64_t(bh) * p.seq_q + row[hh];
-    if (p.num_splits > 1) {
-      // Partials kD wide: [split, batch * heads_q * seq_q, kD], LSE alike.
-      const int64_t zrow = int64_t(work.split) * p.batch * p.heads_q * p.seq_q + lrow;
+    if (p.num_splits > 1 || piece) {
+      // Partials kD wide: [split, batch * heads_q * seq_q, kD], LSE alike;
+      // a tail piece's [slot, kBr, kD].
+      const int64_t zrow = piece ? int64_t(-1 - work.split) * kBr + (row[hh] - m0)
+                                 : int64_t(work.split) * p.batch * p.heads_q * p.seq_q + lrow;
       float* po = p.part_o + zrow * kD;
 #pragma unroll
       for (int j = 0; j < kDT; ++j)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -27,20 +28,19 @@ struct Shape {
 };
 
 struct Case {
-  std::string variant;
+  std::string variant;  // "" runs the default (heuristics' choice)
   Shape s;
   DType dtype;
 };
 
 std::string Describe(const Case& c) {
   const Shape& s = c.s;
-  std::string n = c.variant + "_B" + std::to_string(s.b) + "_H" + std::to_string(s.hq) + "x" +
-                  std::to_string(s.hkv) + "_Sq" + std::to_string(s.sq) + "_Skv" +
-                  std::to_string(s.skv) + "_D" + std::to_string(s.d) +
-                  (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") +
+  std::string n = (c.variant.empty() ? "default" : c.variant) + "_B" + std::to_string(s.b) + "_H" +
+                  std::to_string(s.hq) + "x" + std::to_string(s.hkv) + "_Sq" +
+                  std::to_string(s.sq) + "_Skv" + std::to_string(s.skv) + "_D" +
+                  std::to_string(s.d) + (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") +
                   (s.misaligned ? "_misaligned" : "") + (s.no_lse ? "_nolse" : "") +
-                  (s.out_f32 ? "_of32" : "") + "_" +
-                  kernels::DTypeName(c.dtype);
+                  (s.out_f32 ? "_of32" : "") + "_" + kernels::DTypeName(c.dtype);
   return n;
 }
 
@@ -106,14 +106,14 @@ void CpuAttention(const Shape& s, double scale, const std::vector<double>& q,
 
 // Tolerances: bf16/fp16 outputs are rounded once and P is rounded to the
 // 16-bit type for the second GEMM; the tensor-core versions round fp32 inputs
-// to bf16 on load.
+// to bf16 on load. `ran`: the version that runs (the default resolved).
 struct Tol {
   double atol, rtol, lse_atol;
 };
-Tol TolFor(const Case& c) {
-  const bool tc = c.variant != "reference";
-  if (c.dtype == DType::kBF16) return {1.2e-2, 2e-2, 2e-3};
-  if (c.dtype == DType::kF16) return {2.5e-3, 5e-3, 2e-3};
+Tol TolFor(std::string_view ran, DType dtype) {
+  const bool tc = ran != "reference";
+  if (dtype == DType::kBF16) return {1.2e-2, 2e-2, 2e-3};
+  if (dtype == DType::kF16) return {2.5e-3, 5e-3, 2e-3};
   if (tc) return {1.5e-2, 3e-2, 3e-2};
   return {2e-5, 1e-4, 1e-4};
 }
@@ -124,9 +124,6 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   GC_REQUIRE_GPU();
   const Case& c = GetParam();
   const Shape& s = c.s;
-  if (c.dtype == DType::kF32 && s.big_logits && c.variant != "reference")
-    GTEST_SKIP() << "fp32 inputs are rounded to bf16 by the tensor-core versions; logits of "
-                    "~50 magnify that rounding beyond an fp32 tolerance";
   const size_t es = kernels::DTypeSize(c.dtype);
   const size_t nq = s.b * s.hq * s.sq * s.d, nkv = s.b * s.hkv * s.skv * s.d;
   const double lim = s.big_logits ? 2.0 : 1.0;
@@ -167,6 +164,10 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   a.out_f32 = s.out_f32;
   const kernels::Support ok = kernels::CanImplementAttention(a, c.variant);
   if (!ok) GTEST_SKIP() << "refused: " << ok.reason;
+  const std::string ran(kernels::AttentionVariantName(a, c.variant));
+  if (c.dtype == DType::kF32 && s.big_logits && ran != "reference")
+    GTEST_SKIP() << "fp32 inputs are rounded to bf16 by the tensor-core versions; logits of "
+                    "~50 magnify that rounding beyond an fp32 tolerance";
 
   const size_t ws = kernels::AttentionWorkspaceBytes(a, c.variant);
   DeviceArray dws(ws);
@@ -180,8 +181,8 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
 
   std::vector<uint8_t> got(nq * eo);
   dout.Download(got.data());
-  const Tol tol = TolFor(c);
-  EXPECT_TRUE(AllClose(got.data(), out_t, ref_o, tol.atol, tol.rtol)) << "output";
+  const Tol tol = TolFor(ran, c.dtype);
+  EXPECT_TRUE(AllClose(got.data(), out_t, ref_o, tol.atol, tol.rtol)) << "output " << ran;
   if (!s.no_lse) {
     std::vector<float> got_lse(s.b * s.hq * s.sq);
     dlse.Download(got_lse.data());
@@ -221,6 +222,16 @@ std::vector<Case> AllCases() {
       {1, 4, 2, 1000, 300, 160, true},  // Sq > Skv: leading rows see no key
       {1, 2, 2, 700, 700, 136, false},  // flash_wgmma's 192-wide tile
       {2, 4, 2, 300, 1000, 192, true},
+      // The last round of a persistent grid dealt out by key blocks (tail
+      // pieces merged by LSE; on 132 SMs): 9 tiles of 9 blocks, one piece a
+      // block; 29 tiles of 15 176-key blocks, runs of 4 that cross tiles,
+      // partial query and key blocks, fp32 O; 11 192-row tiles (three
+      // consumers) of 23 blocks, runs of 2; 4 tiles of 4 blocks, most SMs
+      // idle. Also {1, 28, 4, 520, 520, 256} below (one Q slot).
+      {3, 15, 5, 1100, 1100, 96, false},
+      {1, 23, 23, 777, 2500, 128, false, false, false, false, true},
+      {1, 13, 13, 2100, 2900, 64, false},
+      {7, 19, 19, 512, 512, 64, false, false, false, true},
       // More work tiles than SMs: the persistent grid's blocks take several.
       {4, 16, 4, 600, 600, 64, true},
       {2, 8, 8, 2048, 2048, 64, false},  // three consumer warpgroups
@@ -244,7 +255,9 @@ std::vector<Case> AllCases() {
       {2, 2, 1, 1000, 1000, 96, false, false, false, true, true},
   };
   std::vector<Case> cases;
-  for (const std::string& v : kernels::AttentionVariants())
+  std::vector<std::string> variants = kernels::AttentionVariants();
+  variants.push_back("");  // the default, as the service runs it
+  for (const std::string& v : variants)
     for (const Shape& s : shapes)
       for (DType t : {DType::kBF16, DType::kF16, DType::kF32}) cases.push_back({v, s, t});
   return cases;
@@ -279,18 +292,18 @@ TEST(AttentionArgsTest, RefusesBadArguments) {
 }
 
 // The default's choice between flash_mma and flash_wgmma_overlap
-// (heuristics/attention_heuristics.h), host only: by packed query rows, the
-// query heads of one kv head times seq_q.
-TEST(AttentionVariant, PackedRowsPickTheTile) {
+// (heuristics/attention_heuristics.h), host only: flash_mma while seq_q is at
+// most max(16, 4 x query heads per kv head).
+TEST(AttentionVariant, QueryRowsPerKvHeadPickTheTile) {
   kernels::AttentionShape s;
   s.batch = 8;
   s.heads_q = 32;
-  s.heads_kv = 8;
+  s.heads_kv = 8;  // 4 query heads per kv head: flash_mma up to seq_q 16
   s.seq_kv = 32768;
   s.head_dim = s.wgmma_head_dim = 128;
   s.causal = true;
   s.wgmma_ok = s.mma_ok = true;
-  for (int64_t sq : {1, 4, 16}) {  // decode: 4-64 packed rows
+  for (int64_t sq : {1, 4, 16}) {
     s.seq_q = sq;
     EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma") << sq;
   }
@@ -298,10 +311,17 @@ TEST(AttentionVariant, PackedRowsPickTheTile) {
     s.seq_q = sq;
     EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap") << sq;
   }
-  s.heads_kv = 32;  // no grouping: 64 rows stay on flash_mma, 65 do not
-  s.seq_q = 64;
+  s.heads_kv = 4;  // 8 per kv head: flash_mma up to 32 (K and V read once for 8 heads)
+  for (int64_t sq : {8, 16, 32}) {
+    s.seq_q = sq;
+    EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma") << sq;
+  }
+  s.seq_q = 33;
+  EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap");
+  s.heads_kv = 32;  // no grouping: flash_mma up to 16 rows
+  s.seq_q = 16;
   EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma");
-  s.seq_q = 65;
+  s.seq_q = 17;
   EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap");
   s.wgmma_ok = false;  // fp32 inputs, no sm_90: flash_mma at any length
   EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma");
@@ -310,6 +330,25 @@ TEST(AttentionVariant, PackedRowsPickTheTile) {
   s.wgmma_ok = true;  // only flash_wgmma takes them: it runs at any length
   s.seq_q = 1;
   EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap");
+}
+
+// The tail split of flash_wgmma's persistent grid (heuristics), host only:
+// the key blocks each SM takes in the last round where the blocks it saves
+// outweigh the tail tiles' rows (450 rows a block, two blocks at least); 0
+// where the round is whole or kept.
+TEST(AttentionVariant, TheLastRoundIsDealtOutWhereItSavesMoreThanItsMerge) {
+  using kernels::WgmmaTailBlocks;
+  EXPECT_EQ(WgmmaTailBlocks(4096, 4, 128, 132, false), 1);    // 4 tiles left: 1 block of 4
+  EXPECT_EQ(WgmmaTailBlocks(2048, 94, 128, 132, false), 49);  // 68 left: 49 of 94
+  EXPECT_EQ(WgmmaTailBlocks(2816, 32, 192, 132, false), 11);  // 44 192-row tiles: 11 of 32
+  EXPECT_EQ(WgmmaTailBlocks(2048, 8, 128, 132, false), 0);    // 68 left: 5 of 8, 8.7k rows
+  EXPECT_EQ(WgmmaTailBlocks(704, 16, 192, 132, false), 0);    // 44 left: 6 of 16, 8.4k rows
+  EXPECT_EQ(WgmmaTailBlocks(144, 3, 128, 132, false), 0);     // 12 left: 1 of 3
+  EXPECT_EQ(WgmmaTailBlocks(4096, 1, 128, 132, false), 0);    // one key block a tile
+  EXPECT_EQ(WgmmaTailBlocks(264, 8, 128, 132, false), 0);     // two whole rounds
+  EXPECT_EQ(WgmmaTailBlocks(100, 8, 128, 132, false), 0);     // one partial round
+  EXPECT_EQ(WgmmaTailBlocks(4096, 4, 128, 132, true), 0);     // causal: the counter
+  EXPECT_EQ(WgmmaTailBlocks(460, 16, 128, 114, false), 1);    // 114 SMs: 4 left, 1 of 16
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gpucompute/kernels/common.h"
@@ -43,24 +44,27 @@ struct AttentionShape {
   bool mma_ok = false;    // flash_mma takes them
 };
 
-// Packed query rows (query heads per kv head x seq_q) up to which flash_mma
-// runs: its 16-row decode tile and 64-row tile read K and V once for every
-// query head of a kv head. Past them flash_wgmma_overlap's 128-row tiles win
-// even when seq_q fills a fraction of a tile (sweep run 29, H100, each
-// version forced, x the faster vendor; packed rows in brackets):
-// Sq 1-16 with 4 or 8 query heads per kv head [4-64]: flash_mma faster on
-// 19 of 20 rows, 0.78-3.82x against 0.30-1.86x (the one other: a 1024-key
-// cache at batch 1, 0.78x against 1.00x, too few key splits); Sq 64 without
-// grouping [64]: 1.17x against 1.21x; Sq 24 [96]: 1.64x against 1.79x; Sq 32
-// [128]: 0.92x against 1.49x; Sq 64 [256]: 0.59x against 1.16x; Sq 96 [96]:
-// 0.87x against 1.57x.
-inline constexpr int64_t kAttentionMmaMaxPackedRows = 64;
+// flash_mma packs the query heads of a kv head into its tile rows (16-row
+// decode tile, 64- and 128-row tiles) and reads K and V once for all of
+// them; flash_wgmma_overlap's 128-row tiles hold one query head each, so
+// they are mostly empty and read K and V once per query head, but its
+// tensor cores run 2-4x faster. flash_mma runs while seq_q <= max(16,
+// kAttentionMmaRowsPerGroup x query heads per kv head). Each version forced
+// by name on the same shapes (sweep run 32, H200, us, flash_mma against
+// flash_wgmma_overlap; g: query heads per kv head):
+//   g1 Sq1 (two caches): 276 / 267 and 982 / 1018; g1 Sq32: 179 / 136;
+//   g1 Sq62 D96: 122 / 60; g1 Sq64: 180 / 135; g2 Sq18: 12.2 / 12.0;
+//   g4 Sq24: 114 / 109; g4 Sq32 (three shapes): 1.3-1.7x slower on flash_mma;
+//   g8 Sq8: 60 / 198; g8 Sq16: 102 / 200; g8 Sq32 D16: 35 / 45.
+// (Before run 32 the bound was 64 packed rows, g x seq_q: g1 Sq32-64 ran
+// flash_mma at 0.51-1.17x the vendor, g8 Sq16 flash_wgmma_overlap.)
+inline constexpr int64_t kAttentionMmaRowsPerGroup = 4;
 
 // The version the default runs, by name.
 inline const char* ChooseAttentionVariant(const AttentionShape& s) {
-  const int64_t packed = s.heads_kv > 0 ? s.heads_q / s.heads_kv * s.seq_q : s.seq_q;
-  if (s.wgmma_ok && (packed > kAttentionMmaMaxPackedRows || !s.mma_ok))
-    return "flash_wgmma_overlap";
+  const int64_t group = s.heads_kv > 0 ? s.heads_q / s.heads_kv : 1;
+  const bool mma_rows = s.seq_q <= std::max<int64_t>(16, kAttentionMmaRowsPerGroup * group);
+  if (s.wgmma_ok && (!mma_rows || !s.mma_ok)) return "flash_wgmma_overlap";
   if (s.mma_ok) return "flash_mma";
   return "reference";
 }
@@ -119,6 +123,16 @@ inline int64_t DecodeWaveSplits(int64_t blocks, int64_t slots, int64_t key_block
   return best;
 }
 
+// Key splits of flash_mma's decode tile when its blocks (one per kv head)
+// are fewer than the SMs: one wave of equal splits over every resident block
+// slot (17 splits in 2.75 waves lost ~8% to the tail), each at least this
+// many 64-key blocks long. At 4, B1 H32/8 Sq1 Skv1024 D128 ran 4 splits of
+// 256 keys, 32 blocks on 132 SMs: 12.4 us against cuDNN's 9.8 (sweep run 29,
+// H100). At 1 (sweep runs 30-31, H200, against 4 in the same runs): 12.2 ->
+// 8.0 us there (0.77 -> 1.17x the vendor), 13.0 -> 12.2 us at 4096 keys,
+// 10.8 -> 10.1 us at B4 Skv2048 D64, 9.5 -> 5.1 us at B1 H1 Skv1057 D64.
+inline constexpr int64_t kDecodeMinSplitBlocks = 1;
+
 // Key splits of flash_wgmma (flash-decoding): when its work tiles (query
 // blocks x heads) leave SMs idle, the keys of each are split so that about
 // one wave of tiles runs, each split at least two key blocks long; the
@@ -129,6 +143,33 @@ inline int64_t WgmmaKeySplits(int64_t tiles, int64_t key_blocks, int sms) {
   if (splits > key_blocks / 2) splits = key_blocks / 2;
   if (splits > 64) splits = 64;
   return splits < 1 ? 1 : splits;
+}
+
+// The tail of flash_wgmma's persistent grid without the mask: `tiles` work
+// tiles of `key_blocks` key blocks each on one block per SM run in
+// ceil(tiles / sms) rounds, the last one r = tiles % sms tiles wide: 2048
+// tiles on 132 SMs run 16 rounds for 15.5 rounds of work, 704 run 6 for 5.3.
+// The key blocks of the last round's tiles are dealt out evenly over every
+// SM instead (stream-K over the tail: a block's run of them may cross tiles,
+// each piece writes an fp32 partial, merged by LSE after), so the last round
+// costs ceil(r * key_blocks / sms) blocks. That costs the merge and the
+// partial rows: ~19 us per 8.6k rows of tail tiles (2.2 ns a row) against
+// 1.3-2.3 us a key block (sweep runs 30-31, H200, every shape whose tail was
+// split, time against the whole tail: 0.974x at S512 D64 with 4 tiles left,
+// 0.976x at S16384 D128 with 68 left, but 1.067x at B16 H16 S1024 D128 where
+// 68 tiles saved 3 blocks of 8, 1.15x at B3 H16 S344 D64). So it is taken
+// where the blocks saved outweigh the tail's rows (`tile_rows` a tile) at
+// 450 rows a block, two blocks at least. Returns the key blocks each SM
+// takes in the tail, 0 for none. Under the mask the tiles come from a
+// counter, longest first, so the last round already holds the shortest ones.
+inline int64_t WgmmaTailBlocks(int64_t tiles, int64_t key_blocks, int64_t tile_rows, int sms,
+                               bool causal) {
+  if (causal || sms <= 0 || tiles <= sms) return 0;
+  const int64_t r = tiles % sms;
+  if (r == 0) return 0;
+  const int64_t per = (r * key_blocks + sms - 1) / sms;
+  const int64_t saved = key_blocks - per;
+  return saved >= 2 && saved * 450 > r * tile_rows ? per : 0;
 }
 
 }  // namespace gpucompute::kernels
