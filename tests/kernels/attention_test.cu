@@ -293,7 +293,7 @@ TEST(AttentionArgsTest, RefusesBadArguments) {
 
 // The default's choice between flash_mma and flash_wgmma_overlap
 // (heuristics/attention_heuristics.h), host only: flash_mma while seq_q is at
-// most max(16, 4 x query heads per kv head).
+// most 16, or 24 with 8 or more query heads per kv head.
 TEST(AttentionVariant, QueryRowsPerKvHeadPickTheTile) {
   kernels::AttentionShape s;
   s.batch = 8;
@@ -311,12 +311,12 @@ TEST(AttentionVariant, QueryRowsPerKvHeadPickTheTile) {
     s.seq_q = sq;
     EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap") << sq;
   }
-  s.heads_kv = 4;  // 8 per kv head: flash_mma up to 32 (K and V read once for 8 heads)
-  for (int64_t sq : {8, 16, 32}) {
+  s.heads_kv = 4;  // 8 per kv head: flash_mma up to 24 (K and V read once for 8 heads)
+  for (int64_t sq : {8, 16, 24}) {
     s.seq_q = sq;
     EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_mma") << sq;
   }
-  s.seq_q = 33;
+  s.seq_q = 25;
   EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap");
   s.heads_kv = 32;  // no grouping: flash_mma up to 16 rows
   s.seq_q = 16;

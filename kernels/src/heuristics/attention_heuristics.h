@@ -27,7 +27,6 @@
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 
-#include <algorithm>
 #include <cstdint>
 
 #include "gpucompute/kernels/common.h"
@@ -48,23 +47,26 @@ struct AttentionShape {
 // decode tile, 64- and 128-row tiles) and reads K and V once for all of
 // them; flash_wgmma_overlap's 128-row tiles hold one query head each, so
 // they are mostly empty and read K and V once per query head, but its
-// tensor cores run 2-4x faster. flash_mma runs while seq_q <= max(16,
-// kAttentionMmaRowsPerGroup x query heads per kv head). Each version forced
-// by name on the same shapes (sweep run 32, H200, us, flash_mma against
-// flash_wgmma_overlap; g: query heads per kv head):
+// tensor cores run 2-4x faster. flash_mma runs while seq_q <= 16, or <= 24
+// with 8 or more query heads per kv head. Each version forced by name on the
+// same shapes (sweep runs 32 on an H200 and 33 on an H100, us, flash_mma
+// against flash_wgmma_overlap; g: query heads per kv head):
 //   g1 Sq1 (two caches): 276 / 267 and 982 / 1018; g1 Sq32: 179 / 136;
 //   g1 Sq62 D96: 122 / 60; g1 Sq64: 180 / 135; g2 Sq18: 12.2 / 12.0;
 //   g4 Sq24: 114 / 109; g4 Sq32 (three shapes): 1.3-1.7x slower on flash_mma;
-//   g8 Sq8: 60 / 198; g8 Sq16: 102 / 200; g8 Sq32 D16: 35 / 45.
-// (Before run 32 the bound was 64 packed rows, g x seq_q: g1 Sq32-64 ran
-// flash_mma at 0.51-1.17x the vendor, g8 Sq16 flash_wgmma_overlap.)
-inline constexpr int64_t kAttentionMmaRowsPerGroup = 4;
+//   g8 Sq8: 60 / 198; g8 Sq16: 102 / 200; g8 Sq26: 94 / 81 (run 33);
+//   g8 Sq32 D16: 35 / 45.
+// Before run 32 the bound was 64 packed rows (g x seq_q): g1 Sq32-64 ran
+// flash_mma at 0.51-1.17x the vendor, g8 Sq16 flash_wgmma_overlap at 1.77x
+// where flash_mma reaches 3.27x.
+inline constexpr int64_t kAttentionMmaMaxSeqQ = 16;
+inline constexpr int64_t kAttentionMmaMaxSeqQGrouped = 24;  // 8 or more heads per kv head
 
 // The version the default runs, by name.
 inline const char* ChooseAttentionVariant(const AttentionShape& s) {
   const int64_t group = s.heads_kv > 0 ? s.heads_q / s.heads_kv : 1;
-  const bool mma_rows = s.seq_q <= std::max<int64_t>(16, kAttentionMmaRowsPerGroup * group);
-  if (s.wgmma_ok && (!mma_rows || !s.mma_ok)) return "flash_wgmma_overlap";
+  const int64_t mma_max = group >= 8 ? kAttentionMmaMaxSeqQGrouped : kAttentionMmaMaxSeqQ;
+  if (s.wgmma_ok && (s.seq_q > mma_max || !s.mma_ok)) return "flash_wgmma_overlap";
   if (s.mma_ok) return "flash_mma";
   return "reference";
 }
