@@ -49,10 +49,10 @@ struct AttnParams {
 static_assert(sizeof(AttnParams) <= 128, "see TailSplit");
 
 // flash_wgmma's tail split (heuristics' WgmmaTailBlocks; non-causal, one key
-// split), a kernel argument of its own (AttnParams stays within the 128
-// bytes below which the kernels keep their arguments in registers: past it
-// ptxas addressed them in the parameter space, and the decode kernel ran up
-// to 12% slower): tiles from `first` on are the last round's. Their key
+// split), a kernel argument of its own (AttnParams stays within 128 bytes:
+// at 136 the compiler read its fields from the parameter space where they
+// were used instead of into registers at entry, and decode kernels ran 4-12%
+// slower, sweep runs 31-32): tiles from `first` on are the last round's. Their key
 // blocks (`blocks` per tile) are dealt out `per` to each block of the grid,
 // in order; each run of them inside one tile is a piece, written as an fp32
 // partial to part_o / part_lse at slot (tile - first) * pieces + i (i: the
