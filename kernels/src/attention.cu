@@ -479,10 +479,8 @@ WgmmaPlan PlanWgmma(const AttentionArgs& a) {
       pl.tail.per = int(per);
       pl.tail.first = int(tiles - r);
       pl.tail.blocks = int(key_blocks);
-      // The most blocks of the grid whose runs meet one tail tile.
-      for (int64_t t = 0; t < r; ++t)
-        pl.tail.pieces = std::max<int>(
-            pl.tail.pieces, int(((t + 1) * key_blocks - 1) / per - t * key_blocks / per + 1));
+      // The most pieces of one tail tile.
+      for (int t = 0; t < int(r); ++t) pl.tail.pieces = std::max(pl.tail.pieces, pl.tail.Pieces(t));
       pl.workspace = size_t(r) * pl.tail.pieces * pl.br * (pl.kd + 1) * 4;
     }
   }

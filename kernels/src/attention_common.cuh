@@ -63,6 +63,13 @@ struct TailSplit {
   int per = 0;
   int blocks = 0;
   int pieces = 0;
+  // The first block of the grid whose run meets tail tile tt (0-based from
+  // `first`): a piece's rank in its tile is its block's index minus this.
+  __host__ __device__ int FirstBlock(int tt) const { return tt * blocks / per; }
+  // The pieces of tail tile tt (blocks of the grid whose runs meet it).
+  __host__ __device__ int Pieces(int tt) const {
+    return ((tt + 1) * blocks - 1) / per - FirstBlock(tt) + 1;
+  }
 };
 
 template <typename T>

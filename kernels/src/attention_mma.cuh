@@ -560,10 +560,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int m_blocks = (p.seq_q + br - 1) / br, tile = t.first + tt;
   const int i = tile % m_blocks * br + rr;
   if (i >= p.seq_q) return;
-  // Blocks of the grid whose run of tail key blocks meets this tile.
-  const int n = ((tt + 1) * t.blocks - 1) / t.per - tt * t.blocks / t.per + 1;
   MergePartials<T, kD>(p, int64_t(tile / m_blocks) * p.seq_q + i, int64_t(tt) * t.pieces * br + rr,
-                       br, n);
+                       br, t.Pieces(tt));
 }
 
 }  // namespace gpucompute::kernels::attention

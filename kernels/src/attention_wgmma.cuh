@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           WgmmaWork w = WgmmaTileWork<Tile, kCausal>(p, tail.first + tt, m_blocks);
           w.key_begin = kb0 * kBc;
           w.nblocks = len;
-          w.split = -1 - (tt * tail.pieces + int(blockIdx.x) - tt * nb / per);
+          w.split = -1 - (tt * tail.pieces + int(blockIdx.x) - tail.FirstBlock(tt));
           issue(w);
           g += len;
         }
