@@ -2,6 +2,7 @@
 // fallback (see gemm.h); the default's choice is heuristics/gemm_heuristics.h.
 #include <algorithm>
 
+#include "gemm_addend.h"
 #include "gpucompute/kernels/gemm.h"
 #include "heuristics/gemm_heuristics.h"
 #include "launch_util.h"
@@ -47,6 +48,9 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
            (args.batch <= 1 || (stride * es) % 16 == 0);
   };
   s.aligned = rows16(args.a, args.lda, args.stride_a) && rows16(args.b, args.ldb, args.stride_b);
+  s.copy_bytes = UseSimt(args, "") ? 0.0 : double(GemmTcPackedCopyBytes(args));
+  s.c_bytes = static_cast<int>(DTypeSize(args.c_type));
+  s.c_aligned = GemmCAligned(args, 16);
   s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args));
   s.beta = args.beta != 0;
   s.sms = SmCount();

@@ -846,6 +846,14 @@ size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
          partials(PackedLayout(args), Rung::kWgmmaSplitK);
 }
 
+size_t GemmTcPackedCopyBytes(const GemmArgs& args) {
+  if (!CanImplementGemmTc(args, "wgmma_packed") || args.m == 0 || args.n == 0 || args.batch == 0)
+    return 0;
+  const Packing pk = ChoosePacking(args);
+  return PackedBytes(args, OperandA(args), args.m, pk.a) +
+         PackedBytes(args, OperandB(args), args.n, pk.b);
+}
+
 cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,
                          cudaStream_t stream) {
   // wgmma_splitk without its workspace runs a cluster split where its plan

@@ -222,7 +222,7 @@ std::shared_ptr<const Plan> Find(const Key& key) {
 
 // How one request runs: as one cuBLASLt call of `key`, `calls` times with
 // the pointers advanced by the batch strides (an operand shared by the batch,
-// stride 0, that cannot be folded into the rows of one call).
+// stride 0, where cuBLASLt offers no algorithm for that stride).
 struct Route {
   Key key;
   int64_t calls = 1;
@@ -251,7 +251,19 @@ Support CheckArgs(const GemmArgs& a) {
   return Support::Yes();
 }
 
-Route MakeRoute(const GemmArgs& a, bool with_workspace) {
+// The route of a request whose batch shares an operand (stride 0):
+//   - B shared, N-major (NN), and A's and C's entries one after another:
+//     the batch is more rows of one product (6*512x174x1057 bf16 22.5 us
+//     against 43.5 for one batched call, 34*71x206x1180 f32 with beta 44.3
+//     against 62.8, 2*313x442x904 tf32 15.6 against 22.3; folded NT ran
+//     slower: 16*1075x256x526 bf16 49.6 against 41.0, 2*128x128x64 tf32 4.3
+//     against 2.9; H100, sweep-gemm.md runs 21-24);
+//   - else one batched call with the stride 0, as cublasGemmStridedBatchedEx
+//     takes it (one call per entry ran 51*167x583x128 TN bf16 in 257 us
+//     against 29, 4*273x214x254 TN tf32 in 22.4 against 8.5);
+//   - with broadcast false, one call per entry (where cuBLASLt offers no
+//     algorithm for the stride 0).
+Route MakeRoute(const GemmArgs& a, bool with_workspace, bool broadcast = true) {
   Route r;
   Key& k = r.key;
   cudaGetDevice(&k.device);
@@ -279,30 +291,42 @@ Route MakeRoute(const GemmArgs& a, bool with_workspace) {
   k.align_c = Alignment(a.c, a.batch, a.stride_c * ec);
   k.align_c_in = a.beta != 0 ? Alignment(c_in, a.batch, k.stride_c_in * ec) : k.align_c;
   k.workspace = with_workspace ? kWorkspaceBytes : 0;
-  if (a.batch > 1 && (a.stride_a == 0 || a.stride_b == 0 || (a.beta != 0 && k.stride_c_in == 0))) {
-    // B shared and A's batch entries one after another: the batch is more
-    // rows of one product (C's entries must follow one another too).
-    const bool fold = a.stride_b == 0 && !a.trans_a && a.stride_a == a.m * a.lda &&
-                      a.stride_c == a.m * a.ldc && (a.beta == 0 || k.stride_c_in == a.m * a.ldc) &&
-                      a.m * a.batch <= INT_MAX;
-    if (fold) {
-      k.m = a.m * a.batch;
-      k.batch = 1;
-    } else {
-      r.calls = a.batch;
-      k.batch = 1;
-    }
+  const bool shared =
+      a.batch > 1 && (a.stride_a == 0 || a.stride_b == 0 || (a.beta != 0 && k.stride_c_in == 0));
+  const bool fold = shared && a.stride_b == 0 && !a.trans_a && !a.trans_b &&
+                    a.stride_a == a.m * a.lda && a.stride_c == a.m * a.ldc &&
+                    (a.beta == 0 || k.stride_c_in == a.m * a.ldc) && a.m * a.batch <= INT_MAX;
+  if (fold) {
+    k.m = a.m * a.batch;
+    k.batch = 1;
+    k.stride_a = k.stride_b = k.stride_c = k.stride_c_in = 0;
+  } else if (shared && !broadcast) {
+    r.calls = a.batch;
+    k.batch = 1;
     k.stride_a = k.stride_b = k.stride_c = k.stride_c_in = 0;
   }
   if (a.beta == 0) k.stride_c_in = k.stride_c;
   return r;
 }
 
+// MakeRoute's route of `a` and its plan; where cuBLASLt offers none for a
+// stride 0, one call per batch entry; a null plan when it offers none at all.
+std::shared_ptr<const Plan> FindRoute(const GemmArgs& a, bool with_workspace, Route* route) {
+  *route = MakeRoute(a, with_workspace);
+  std::shared_ptr<const Plan> plan = Find(route->key);
+  if (plan != nullptr || route->key.batch <= 1) return plan;
+  const Route per_entry = MakeRoute(a, with_workspace, /*broadcast=*/false);
+  if (per_entry.calls <= 1) return nullptr;  // no shared operand: nothing else to try
+  *route = per_entry;
+  return Find(route->key);
+}
+
 }  // namespace
 
 Support CanImplementGemmVendor(const GemmArgs& args) {
   if (Support s = CheckArgs(args); !s) return s;
-  if (Find(MakeRoute(args, true).key) == nullptr)
+  Route route;
+  if (FindRoute(args, true, &route) == nullptr)
     return Support::No("cuBLASLt offers no algorithm for these arguments");
   return Support::Yes();
 }
@@ -311,8 +335,8 @@ size_t GemmVendorWorkspaceBytes(const GemmArgs&) { return kWorkspaceBytes; }
 
 cudaError_t LaunchGemmVendor(const GemmArgs& args, void* workspace, cudaStream_t stream) {
   if (!CheckArgs(args)) return cudaErrorInvalidValue;
-  const Route route = MakeRoute(args, workspace != nullptr);
-  std::shared_ptr<const Plan> plan = Find(route.key);
+  Route route;
+  std::shared_ptr<const Plan> plan = FindRoute(args, workspace != nullptr, &route);
   if (plan == nullptr) return cudaErrorNotSupported;
   cublasLtHandle_t handle = Handle(route.key.device);
   const size_t es = DTypeSize(args.ab_type), ec = DTypeSize(args.c_type);

@@ -607,6 +607,91 @@ TEST(GemmVariant, Tf32NnTakesOursOnlyOnItsClasses) {
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");  // 32 of them
 }
 
+// The default on rows TMA cannot read (heuristics/gemm_heuristics.h), host
+// only: wgmma_packed where its copies pay, else the vendor.
+TEST(GemmVariant, CopiesRowsOnlyWhereTheProductOutweighsTheCopies) {
+  kernels::GemmShape s;
+  s.ab = DType::kBF16;
+  s.aligned = false;
+  s.c_bytes = 2;
+  auto with = [&](int64_t m, int64_t n, int64_t k, bool copy_a, bool copy_b) {
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    s.copy_bytes = 2.0 * ((copy_a ? m * k : 0) + (copy_b ? k * n : 0));
+    return std::string(kernels::ChooseGemmVariant(s));
+  };
+  EXPECT_EQ(with(1000, 3000, 777, true, false), "wgmma_packed");  // odd K, B in place
+  EXPECT_EQ(with(999, 999, 999, true, true), "wgmma_packed");     // 500 FLOPs a copied byte
+  EXPECT_EQ(with(948, 235, 32768, true, true), "cublaslt");       // 188: the copies dominate
+  // Short K: C dominates (2 K / its element size against 64 FLOPs a byte).
+  EXPECT_EQ(with(16384, 14530, 32, false, true), "cublaslt");
+  EXPECT_EQ(with(16384, 14530, 64, false, true), "wgmma_packed");
+  EXPECT_EQ(with(1024, 1114, 91, false, true), "cublaslt");  // small: 128 FLOPs a byte
+  EXPECT_EQ(with(1024, 1114, 128, false, true), "wgmma_packed");
+  s.c_aligned = false;  // C's rows off 16 bytes: only C read or fp32 goes element by element
+  EXPECT_EQ(with(16384, 14530, 64, false, true), "wgmma_packed");
+  s.beta = true;
+  EXPECT_EQ(with(11119, 2187, 123, true, true), "cublaslt");
+  EXPECT_EQ(with(11119, 2187, 256, true, true), "wgmma_packed");
+  s.beta = false;
+  s.c_bytes = 4;
+  EXPECT_EQ(with(8192, 5341, 204, false, true), "cublaslt");
+  EXPECT_EQ(with(8192, 5341, 512, false, true), "wgmma_packed");
+  s.c_aligned = true;  // fp32 C on 16 bytes: 64 FLOPs a byte
+  EXPECT_EQ(with(8192, 5341, 127, false, true), "cublaslt");
+  EXPECT_EQ(with(8192, 5341, 128, false, true), "wgmma_packed");
+  s.c_bytes = 2;
+  EXPECT_EQ(with(64, 2048, 853, true, false), "cublaslt");       // thin: 17-127 rows
+  EXPECT_EQ(with(8, 2048, 853, true, false), "wgmma_packed");    // thin tiles take 8
+  EXPECT_EQ(with(128, 2048, 853, true, false), "wgmma_packed");  // a whole tile of rows
+  EXPECT_EQ(with(94, 8192, 9865, true, false), "wgmma_packed");  // thin but large
+  EXPECT_EQ(with(1, 8192, 1448, true, false), "cublaslt");       // one row: cuBLAS's GEMV
+  EXPECT_EQ(with(2, 8192, 1448, true, false), "wgmma_packed");
+  s.vendor_ok = false;  // what the vendor refuses goes to the ladder
+  EXPECT_EQ(with(948, 235, 32768, true, true), "");
+  // tf32 TN (rows on 16 bytes): the smaller operand copied, where that pays.
+  s = kernels::GemmShape{};
+  s.ab = DType::kF32;
+  s.tf32 = true;
+  s.trans_a = true;
+  s.c_bytes = 4;
+  s.m = s.n = s.k = 4096;
+  s.copy_bytes = 4.0 * 4096 * 4096;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_packed");
+  s.m = 512;
+  s.n = 256;
+  s.k = 1024;
+  s.batch = 64;
+  s.copy_bytes = 4.0 * 256 * 1024 * 64;  // 256 FLOPs a copied byte
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.m = 16384;
+  s.n = 16007;
+  s.k = 16;
+  s.batch = 1;
+  s.copy_bytes = 4.0 * 16 * (16384 + 16007);
+  s.c_aligned = false;  // fp32 rows off 16 bytes over a short K: C dominates
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.k = 512;
+  s.copy_bytes = 4.0 * 512 * (16384 + 16007);
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_packed");
+}
+
+// The same rule through the dispatcher, which counts the bytes to copy.
+TEST(GemmVariant, TheDispatcherCountsTheBytesToCopy) {
+  GemmArgs a = SmallArgs();
+  a.m = a.n = a.k = 999;
+  a.lda = a.ldb = a.ldc = 999;  // rows of 1998 bytes: TMA cannot read them
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+  a.k = 123;
+  a.lda = 123;
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  a.k = 999;
+  a.lda = 1000;  // A's rows on 16 bytes, B's not: B copied, 1000 FLOPs a byte
+  a.m = 1000;
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+}
+
 TEST(GemmTcApi, EmptyProblemIsANoOp) {
   GemmArgs a = SmallArgs();
   a.m = 0;

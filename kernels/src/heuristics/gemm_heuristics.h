@@ -27,7 +27,11 @@
 // kernel metrics, and our ladders run where it does not (an output dtype or a
 // size it refuses). Run 11 (staged epilogue, tile widths, swap-AB: own
 // kernels 0.900x geomean) still found no other class ahead of cuBLASLt, only
-// single shapes (thin M against a 128256 x 4096 weight, 1.04-1.10x).
+// single shapes (thin M against a 128256 x 4096 weight, 1.04-1.10x). Runs
+// 21-27 timed the default on 534 random shapes of the sweep's classes too
+// (--random): the bound of 2^31 for wgmma_packed gave way to what its copies
+// and C cost (below), and the fallback's batches sharing an operand to one
+// batched call (gemm_vendor.cc).
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMM_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMM_HEURISTICS_H_
 
@@ -49,10 +53,37 @@ struct GemmShape {
   bool vendor_ok = true;  // the cuBLASLt fallback takes these arguments
   bool beta = false;      // C is read (beta != 0)
   int sms = 132;
+  // Bytes of A and B that wgmma_packed copies first (GemmTcPackedCopyBytes).
+  double copy_bytes = 0;
+  int c_bytes = 2;        // bytes of one element of C
+  bool c_aligned = true;  // C (and c_in) with base, rows and batch stride on 16 bytes
 };
 
-// Problems at least this large (batch * M * N * K) pay for wgmma_packed's
-// copies: 1000x3000x777 (2.3e9) ran 1.99x cuBLAS, 999^3 (1.0e9) 0.63-0.70x.
+// wgmma_packed (gc_sweep_gemm's list and 11 x 60 random shapes, H100,
+// sweep-gemm.md runs 21-27, against the fallback): its copies pay where the
+// product outweighs them and C, and the problem is not thin.
+//   - FLOPs per byte copied >= 400: 999^3 bf16 (500) 1.48x, 1537x2049x999
+//     tf32 (439) 1.19x, 1000x3000x777 (3000) 3.45x; 948x235x32768 TN with
+//     beta (188) 0.73x, 512x377x21031 (217) 0.71x, 764x512x4222 TT (306)
+//     0.74x, 6*1790x55x751 (53) 0.75x; tf32 TN 64*512x256x1024 (256) 0.63x.
+//   - FLOPs per byte of C (2 K over its element size): >= 256 where C's rows
+//     are off 16 bytes and C is fp32 or read (element by element then):
+//     11119x2187x123 bf16 with beta 0.44x, 8192x5341x204 bf16 -> fp32 0.54x,
+//     8192x15295x161 tf32 0.52x; 1537x2049x999 tf32 (500) 1.19x. Else >= 64
+//     (>= 128 under 2^30 batch * M * N * K): 6456x11512x125 f16 2.04x,
+//     8192x13916x128 bf16 1.39x, 4096x4096x70 f16 (1.2e9) 1.21x,
+//     16384x1024x77 with beta 1.35x; 16384x14530x32 0.77x, 5980x1194x78 NT
+//     (5.6e8) 0.81x, 1024x1114x91 (1.0e8) 0.73x.
+//   - min(M, N) of 17-127 only from batch * M * N * K = 2^31 up (the thin
+//     tiles take 16 columns and fewer): 64x2048x853 f16 0.80x, 46x1024x1169
+//     TN tf32 0.63x; 94x8192x9865 TN tf32 (7.6e9) 1.45x; 2-16 rows against
+//     a wide B 1.12-3.22x.
+inline constexpr double kGemmPackedMinFlopsPerCopiedByte = 400;
+inline constexpr double kGemmPackedMinFlopsPerCByte = 64;
+inline constexpr double kGemmPackedMinFlopsPerCByteSmall = 128;  // under kGemmPackedSmallVolume
+inline constexpr double kGemmPackedMinFlopsPerCByteSlowC = 256;  // fp32 or read, rows off 16 B
+inline constexpr double kGemmPackedSmallVolume = 1073741824.0;   // 2^30
+inline constexpr int64_t kGemmPackedThinMax = 16;
 inline constexpr double kGemmPackedMinVolume = 2147483648.0;
 // tf32 NN with K up to this over at least 2^23 outputs runs ours (below).
 inline constexpr int64_t kGemmTf32ShortK = 128;
@@ -65,11 +96,27 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   const bool tensor_cores = s.ab != DType::kF32 || s.tf32;
   // Rows not on 16 bytes (odd K or N in 16-bit, K or N not a multiple of 4
   // in tf32): cuBLAS has no TMA kernel for them; ours copies them K-major,
-  // then wgmma: 1.32-2.93x (bf16/fp16), 1.32-1.56x (tf32) in run 4.
-  if (tensor_cores && !s.aligned && volume >= kGemmPackedMinVolume) return "wgmma_packed";
+  // then wgmma: 1.32-2.93x (bf16/fp16), 1.32-1.56x (tf32) in run 4, where
+  // the copies pay (kGemmPackedMinFlopsPerCopiedByte and below).
+  const bool copies_pay = 2.0 * volume >= kGemmPackedMinFlopsPerCopiedByte * s.copy_bytes;
+  const bool slow_c = !s.c_aligned && (s.c_bytes >= 4 || s.beta);
+  const double c_min = slow_c                            ? kGemmPackedMinFlopsPerCByteSlowC
+                       : volume < kGemmPackedSmallVolume ? kGemmPackedMinFlopsPerCByteSmall
+                                                         : kGemmPackedMinFlopsPerCByte;
+  const bool c_pays = 2.0 * double(s.k) >= c_min * s.c_bytes;
+  const int64_t thin = std::min(s.m, s.n);
+  // One row or column (a matrix-vector product, which cuBLAS runs on its
+  // GEMV kernels whatever the alignment): 1x8192x1448 TT bf16 -> fp32 0.69x
+  // on wgmma_packed (run 26).
+  if (tensor_cores && !s.aligned && copies_pay && c_pays && thin > 1 &&
+      (thin <= kGemmPackedThinMax || thin >= 128 || volume >= kGemmPackedMinVolume))
+    return "wgmma_packed";
   // tf32 with A transposed and B not (TN): cuBLAS's tf32 TN kernels ran
-  // ~1.6x slower than its NT ones; A copied K-major first: 1.02-1.16x.
-  if (s.tf32 && s.trans_a && !s.trans_b && volume >= kGemmPackedMinVolume) return "wgmma_packed";
+  // ~1.6x slower than its NT ones; one operand copied K-major first:
+  // 1.02-1.16x (4096^3 1.27x, 2000x3000x1000 1.28x in run 21); C as above
+  // (16384x16007x16 TN 0.23x in runs 25-26, C's fp32 rows off 16 bytes).
+  if (s.tf32 && s.trans_a && !s.trans_b && volume >= kGemmPackedMinVolume && copies_pay && c_pays)
+    return "wgmma_packed";
   // tf32 NN (B N-major), which ours runs as C^T with B^T from registers
   // (sweep-gemm.md runs 12-13): batches of large problems (8*1024^3, 16 x
   // 256x4096x4096 with B shared: 1.17-1.21x) and long K over few outputs

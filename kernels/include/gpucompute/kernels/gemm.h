@@ -70,6 +70,10 @@ cudaError_t LaunchGemmSimt(const GemmArgs& args, std::string_view variant, void*
 const std::vector<std::string>& GemmTcVariants();
 Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant);
 size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant);
+// Bytes of A and B that wgmma_packed copies K-major before its kernel (the
+// operands TMA cannot address and, in tf32, those wgmma cannot read as they
+// lie); 0 where it copies nothing.
+size_t GemmTcPackedCopyBytes(const GemmArgs& args);
 cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* workspace,
                          cudaStream_t stream);
 
