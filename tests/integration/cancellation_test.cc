@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/verify.h"
@@ -43,6 +44,21 @@ double Metric(int metrics_port, const std::string& name, const std::string& labe
     if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) total += value;
   }
   return total;
+}
+
+// The samples of `name` in the server's /metrics, one line each (labels and
+// value); "" when it cannot be read.
+std::string Samples(int metrics_port, const std::string& name) {
+  absl::StatusOr<std::string> text = HttpGet(metrics_port, "/metrics");
+  if (!text.ok()) return "";
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t end = line.find_first_of("{ ");
+    if (end != absl::string_view::npos && line.substr(0, end) == name)
+      absl::StrAppend(&out, "  ", line, "\n");
+  }
+  return out;
 }
 
 // Polls `done` every millisecond until it holds or `timeout` passes; true
@@ -116,6 +132,8 @@ TEST(CancellationTest, CallsThatLeaveStopComputing) {
   const SlowGemmCall slow_call = SlowGemm(*client, 2.5);
   const v1::GemmRequest& slow = slow_call.request;
   const double kernels_before = Metric(metrics, "gpucompute_kernel_duration_seconds_count");
+  const std::string kernel_samples_before =
+      Samples(metrics, "gpucompute_kernel_duration_seconds_count");
 
   // Two calls pass their deadline; a unary call and a Batch stream are
   // cancelled as those return. All four compute by then. (No ASSERT until
@@ -191,7 +209,10 @@ TEST(CancellationTest, CallsThatLeaveStopComputing) {
 
   // Only its kernel ran since: no shard of the abandoned GEMMs completed.
   EXPECT_EQ(Metric(metrics, "gpucompute_kernel_duration_seconds_count") - kernels_before, 1)
-      << "kernels of abandoned calls were recorded";
+      << "kernels of abandoned calls were recorded (slow GEMM " << slow_call.size
+      << "^3); kernel counts before the calls:\n"
+      << kernel_samples_before << "after the next GEMM:\n"
+      << Samples(metrics, "gpucompute_kernel_duration_seconds_count");
   std::printf(
       "[ cancellation ] GEMM %lld^3 naive: work stopped %.3f s after the clients left; "
       "next GEMM answered in %.3f s\n",
