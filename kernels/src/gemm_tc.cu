@@ -839,11 +839,8 @@ size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
     return SplitWorkspaceBytes(l, PlanSplitK(t ? SwapAB(l) : l, r, t));
   };
   if (split) return partials(args, rung);
-  // wgmma_packed runs the split-K kernel on the copies' layout.
-  const Packing pk = ChoosePacking(args);
-  return PackedBytes(args, OperandA(args), args.m, pk.a) +
-         PackedBytes(args, OperandB(args), args.n, pk.b) +
-         partials(PackedLayout(args), Rung::kWgmmaSplitK);
+  // wgmma_packed: its copies, then the split-K kernel on the copies' layout.
+  return GemmTcPackedCopyBytes(args) + partials(PackedLayout(args), Rung::kWgmmaSplitK);
 }
 
 size_t GemmTcPackedCopyBytes(const GemmArgs& args) {

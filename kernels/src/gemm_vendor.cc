@@ -296,12 +296,11 @@ Route MakeRoute(const GemmArgs& a, bool with_workspace, bool broadcast = true) {
   const bool fold = shared && a.stride_b == 0 && !a.trans_a && !a.trans_b &&
                     a.stride_a == a.m * a.lda && a.stride_c == a.m * a.ldc &&
                     (a.beta == 0 || k.stride_c_in == a.m * a.ldc) && a.m * a.batch <= INT_MAX;
-  if (fold) {
+  if (fold)
     k.m = a.m * a.batch;
-    k.batch = 1;
-    k.stride_a = k.stride_b = k.stride_c = k.stride_c_in = 0;
-  } else if (shared && !broadcast) {
+  else if (shared && !broadcast)
     r.calls = a.batch;
+  if (fold || r.calls > 1) {  // one product a call
     k.batch = 1;
     k.stride_a = k.stride_b = k.stride_c = k.stride_c_in = 0;
   }
