@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import grpc
 import numpy as np
@@ -39,15 +39,20 @@ def upload_headers(op: Operand, parts: List[Tuple[int, int]],
 
 
 def upload_messages(header: bytes, data: memoryview, part: Tuple[int, int],
-                    chunk_bytes: int) -> Iterator[bytes]:
+                    chunk_bytes: int,
+                    ready: Optional[Callable[[int], bool]] = None) -> Iterator[bytes]:
     """The messages of one upload stream: the header with the first chunk, then the other
     chunks of `part`, each with its offset (one empty chunk for an empty tensor). Each message
-    is one copy of its chunk."""
+    is one copy of its chunk. ready(upto), when given, is called before a message is built
+    from bytes below `upto` (it may wait until they are in `data`); False ends the stream
+    there."""
     begin, end = part
     offset = begin
     first = True
     while True:
         n = min(chunk_bytes, end - offset)
+        if ready is not None and not ready(offset + n):
+            return
         pieces = [header] if first else []
         if offset:
             pieces.append(_UPLOAD_OFFSET + _wire.varint(offset))

@@ -8,6 +8,11 @@ the client puts an upload's bytes into a staging buffer that they share (a memfd
 each), and they write a download's bytes straight into it; the client then copies between the
 staging buffer and the caller's array on several threads (numpy copies run without the lock).
 
+An upload's bytes are copied into the staging buffer while the workers send them: the
+client tells each worker how far its part is ready, a chunk at a time, and the worker builds
+each message once its bytes are there (so the copy overlaps the streams instead of coming
+before them).
+
 Workers are started with subprocess (`python -m gpucompute._worker_main`), not multiprocessing,
 so that the caller's main module is never imported again in them. They read jobs from stdin
 and answer on stdout (length-prefixed pickles), and exit when stdin closes (the client
@@ -30,7 +35,7 @@ import grpc
 import numpy as np
 
 from gpucompute import _transfer
-from gpucompute._channel import Deadline, split_transfer
+from gpucompute._channel import Deadline, split_transfer, wait_connected_blocking
 from gpucompute.errors import ComputeError
 
 # The staging buffer: a control page, then the tensor's bytes. The control page holds the
@@ -105,7 +110,8 @@ class _Staging:
 
 
 class _Worker:
-    """One worker process and the pipe ends the client talks to it through."""
+    """One worker process and the pipe ends the client talks to it through. send() may be
+    called from several threads (a job, then an upload's progress); receive() from one."""
 
     def __init__(self, settings: Any, index: int) -> None:
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,18 +122,36 @@ class _Worker:
             [sys.executable, "-m", "gpucompute._worker_main"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env, close_fds=True)
         self._broken = False
+        self._lock = threading.Lock()
         _send(self.process.stdin, (settings, index))
 
-    def call(self, job: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        """Runs `job` in the worker: ('ok', value) or ('error', code name, message)."""
+    def send(self, value: Any) -> bool:
+        """Writes `value` to the worker; False (the worker then counts as broken) when its
+        pipe failed."""
         try:
-            _send(self.process.stdin, job)
+            with self._lock:
+                _send(self.process.stdin, value)
+            return True
+        except (OSError, ValueError):
+            self._broken = True
+            return False
+
+    def receive(self) -> Tuple[Any, ...]:
+        """The worker's answer to the job sent: ('ok', value) or ('error', code name,
+        message)."""
+        try:
             return _receive(self.process.stdout)
         except (EOFError, OSError, ValueError):
             self._broken = True
-            return ("error", "UNAVAILABLE",
-                    f"transfer worker {self.process.pid} exited "
-                    f"(status {self.process.poll()})")
+            return self.exited()
+
+    def exited(self) -> Tuple[Any, ...]:
+        return ("error", "UNAVAILABLE",
+                f"transfer worker {self.process.pid} exited (status {self.process.poll()})")
+
+    def call(self, job: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        """Runs `job` in the worker: ('ok', value) or ('error', code name, message)."""
+        return self.receive() if self.send(job) else self.exited()
 
     def alive(self) -> bool:
         """False once the process has ended or its pipes failed (a killed process may not
@@ -217,14 +241,14 @@ class TransferWorkers:
         assert self._staging is not None
         return self._staging.data
 
-    def run(self, jobs: List[Tuple[Any, ...]], before: Optional[Callable[[int], None]] = None,
-            after: Optional[Callable[[int], None]] = None) -> List[Any]:
+    def run(self, jobs: List[Tuple[Any, ...]], after: Optional[Callable[[int], None]] = None,
+            feed: Optional["_Feed"] = None) -> List[Any]:
         """Runs jobs[i] on worker i (each job without its transfer number and staging, which
         are added); the values in order, or the first failure as ComputeError after the other
-        jobs were cancelled and finished. before(i) runs here just before job i is sent (an
-        upload's part copied in while the parts before it are sent), after(i) here once job i
-        succeeded (a download's part copied out while the later ones arrive). Called between
-        acquire() and release()."""
+        jobs were cancelled and finished. after(i) runs here once job i succeeded (a
+        download's part copied out while the later ones arrive). feed: an upload's copy into
+        the staging buffer, started once every job is sent and stopped at the first failure;
+        its jobs wait for it (see _Feed). Called between acquire() and release()."""
         assert self._staging is not None and self._pool is not None
         self._transfer += 1
         transfer = self._transfer
@@ -233,7 +257,6 @@ class TransferWorkers:
             raise ComputeError(grpc.StatusCode.CANCELLED, "the transfer was cancelled")
         head = (transfer, staging.path, staging.size)
         futures: Dict[Any, int] = {}
-        settled: set = set()
         failure: Optional[Tuple[str, str]] = None
 
         def settle(done: Any) -> None:
@@ -246,27 +269,35 @@ class TransferWorkers:
             elif after is not None and failure is None:
                 after(futures[done])
 
+        attempted = 0  # the workers sent their job (or about to be), when fed
         try:
             for i, job in enumerate(jobs):
-                if failure is not None:
-                    break
-                if before is not None:
-                    before(i)
-                futures[self._pool.submit(self._workers[i].call,
-                                          (job[0],) + head + job[1:])] = i
-                for done in [f for f in futures if f.done() and f not in settled]:
-                    settled.add(done)
-                    settle(done)
+                w = self._workers[i]
+                if feed is None:
+                    futures[self._pool.submit(w.call, (job[0],) + head + job[1:])] = i
+                else:  # every job is sent before the feed tells any worker of its progress
+                    attempted = i + 1
+                    sent = w.send((job[0],) + head + job[1:])
+                    futures[self._pool.submit(w.receive if sent else w.exited)] = i
+            if feed is not None:
+                feed.start(self._workers[:attempted])
             for done in concurrent.futures.as_completed(list(futures)):
-                if done not in settled:
-                    settled.add(done)
-                    settle(done)
+                settle(done)
+                if failure is not None and feed is not None:
+                    feed.stop()
         except BaseException:
             # (KeyboardInterrupt included.) The parts sent stop, and their answers are
             # waited for: a worker talks to one transfer at a time.
             staging.cancel(transfer)
+            if feed is not None:
+                feed.stop()
+                if not feed.started:  # the workers sent a job are told it stopped
+                    feed.start(self._workers[:attempted])
             concurrent.futures.wait(list(futures))
             raise
+        finally:
+            if feed is not None:
+                feed.join()
         if failure is not None:
             raise ComputeError(getattr(grpc.StatusCode, failure[0], grpc.StatusCode.UNKNOWN),
                                failure[1])
@@ -286,24 +317,81 @@ class TransferWorkers:
                 self._staging = None
 
 
+class _Feed:
+    """An upload's copy into the staging buffer, made while the workers send: parts[i] is
+    worker i's. The parts are dealt out among up to _COPY_THREADS threads; each thread copies
+    a piece (`piece` bytes) of each of its parts in turn, and after each piece tells that
+    part's worker how far it is ready: ("ready", upto), the last with upto = the part's end,
+    or ("ready", -1) when the copy stopped first (stop(), or a failure). Every worker is told
+    its last before its thread ends, so that no worker waits for bytes that will not come."""
+
+    def __init__(self, src: np.ndarray, staging: np.ndarray, parts: List[Tuple[int, int]],
+                 piece: int) -> None:
+        self._src, self._staging, self._parts = src, staging, parts
+        self._piece = max(piece, 1)
+        self._last_told = [False] * len(parts)
+        self._stopped = False
+        self.started = False
+        self._threads: List[threading.Thread] = []
+        self._workers: List[_Worker] = []
+
+    def start(self, workers: List[_Worker]) -> None:
+        """Starts the copy of the first len(workers) parts, those whose worker was sent its
+        job (after stop(): only tells them it stopped)."""
+        self.started = True
+        self._workers = workers
+        n = len(workers)
+        k = min(_COPY_THREADS, n)
+        self._threads = [threading.Thread(target=self._copy, args=(range(t, n, k),),
+                                          name="gpucompute-staging", daemon=True)
+                         for t in range(k)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def join(self) -> None:
+        for t in self._threads:
+            t.join()
+
+    def _copy(self, mine: range) -> None:
+        next_at = {i: self._parts[i][0] for i in mine}
+        try:
+            while next_at and not self._stopped:
+                for i in list(next_at):
+                    begin, end = next_at[i], min(next_at[i] + self._piece, self._parts[i][1])
+                    np.copyto(self._staging[begin:end], self._src[begin:end])
+                    if end >= self._parts[i][1]:
+                        del next_at[i]
+                    else:
+                        next_at[i] = end
+                    self._tell(i, end)
+                    if self._stopped:
+                        break
+        finally:
+            for i in mine:
+                self._tell(i, -1)
+
+    def _tell(self, i: int, upto: int) -> None:
+        """Only the thread that owns part i calls this (no lock needed for _last_told[i])."""
+        if self._last_told[i]:
+            return
+        self._last_told[i] = upto < 0 or upto >= self._parts[i][1]
+        self._workers[i].send(("ready", upto))
+
+
 def upload(workers: TransferWorkers, op: Any, data: memoryview, device: Optional[int],
            chunk: int, deadline: Any, wait_for_ready: bool) -> Any:
     """An upload's parallel streams run by `workers` (acquired): a part per worker, each
-    copied into the staging buffer just before its worker is sent it. The TensorInfo the
-    server answered."""
+    copied into the staging buffer a chunk at a time while the workers send (_Feed). The
+    TensorInfo the server answered."""
     n = data.nbytes
-    src = np.frombuffer(data, np.uint8)
-    staging = workers.staging
     parts = split_transfer(n, workers.count, 0)
     headers = _transfer.upload_headers(op, parts, device)
-
-    def copy_in(i: int) -> None:
-        begin, end = parts[i]
-        parallel_copy(staging[begin:end], src[begin:end])
-
+    feed = _Feed(np.frombuffer(data, np.uint8), workers.staging, parts, chunk)
     answers = workers.run([("upload", headers[i], begin, end, chunk, deadline, wait_for_ready)
-                           for i, (begin, end) in enumerate(parts)],
-                          before=copy_in)
+                           for i, (begin, end) in enumerate(parts)], feed=feed)
     return _transfer.same_tensor([_transfer.upload_response(r) for r in answers])
 
 
@@ -350,11 +438,37 @@ class _Mapped:
         self.map.close()
 
 
-class _Server:
-    """A worker's state: its channel and the staging buffer it mapped last."""
+class _Ready:
+    """How far the part of an upload is in the staging buffer, as the client said (-1: it
+    stopped copying)."""
 
-    def __init__(self, settings: Any, index: int) -> None:
+    def __init__(self, upto: int) -> None:
+        self.upto = upto
+        self._changed = threading.Condition()
+
+    def set(self, upto: int) -> None:
+        with self._changed:
+            self.upto = upto
+            self._changed.notify_all()
+
+    def wait(self, upto: int, cancelled: Callable[[], bool]) -> bool:
+        """True once the bytes below `upto` are there; False when the copy stopped or the
+        transfer was cancelled first."""
+        with self._changed:
+            while 0 <= self.upto < upto:
+                if cancelled():
+                    return False
+                self._changed.wait(0.05)
+            return self.upto >= 0
+
+
+class _Server:
+    """A worker's state: its channel and the staging buffer it mapped last; `jobs`, the pipe
+    it reads jobs (and an upload's progress) from."""
+
+    def __init__(self, settings: Any, index: int, jobs: Any) -> None:
         self.settings = settings
+        self.jobs = jobs
         args = settings.channel_args(index)
         credentials = settings.credentials()
         target = settings.channel_target()
@@ -374,6 +488,7 @@ class _Server:
         """Bytes [begin, end) of `handle` into the staging buffer. (`deadline` is the client's:
         the monotonic clock is the host's.)"""
         mapped = self.map(path, size)
+        self._await_connection(deadline, wait_for_ready)
         call = self.channel.unary_stream(_DOWNLOAD)(
             _transfer.download_request(handle, begin, end - begin, chunk),
             timeout=deadline.remaining(),
@@ -392,22 +507,65 @@ class _Server:
 
     def upload(self, transfer: int, path: str, size: int, header: bytes, begin: int, end: int,
                chunk: int, deadline: Deadline, wait_for_ready: bool) -> bytes:
-        """One part's Upload stream from the staging buffer; the UploadResponse."""
-        mapped = self.map(path, size)
+        """One part's Upload stream from the staging buffer, each message built once the
+        client said its bytes are there; the UploadResponse. The client's word on the part's
+        progress is read to its last ("ready", end or -1) before this returns, so that the
+        next job read is a job."""
+        ready = _Ready(begin)
+        told_last = False
+        try:
+            mapped = self.map(path, size)
+            self._await_connection(deadline, wait_for_ready)
+            call = self._upload_call(transfer, mapped, ready, header, begin, end, chunk,
+                                     deadline, wait_for_ready)
+            told_last = self._follow(ready, end)
+            return call.result()
+        finally:
+            if not told_last:
+                self._follow(ready, end)
+
+    def _await_connection(self, deadline: Deadline, wait_for_ready: bool) -> None:
+        """Waits, as the client's connect_timeout says, for this worker's connection (as the
+        client does for its own channels before a call)."""
+        wait_connected_blocking(
+            self.channel, self.settings.connect_wait(deadline.remaining(), wait_for_ready))
+
+    def _follow(self, ready: _Ready, end: int) -> bool:
+        """Reads the client's word on an upload part's progress (ending at `end`) to its
+        last."""
+        while True:
+            word = _receive(self.jobs)
+            if word[0] != "ready":
+                raise ValueError(f"{word[0]!r} where an upload's progress was due")
+            ready.set(word[1])
+            if word[1] < 0 or word[1] >= end:
+                return True
+
+    def _upload_call(self, transfer: int, mapped: _Mapped, ready: _Ready, header: bytes,
+                     begin: int, end: int, chunk: int, deadline: Deadline,
+                     wait_for_ready: bool) -> Any:
+        """The Upload call of one part, its messages built as the bytes come."""
         call: Any = None
 
+        def there(upto: int) -> bool:
+            return ready.wait(upto, lambda: mapped.cancelled(transfer))
+
         def messages() -> Any:
-            for message in _transfer.upload_messages(header, mapped.data, (begin, end), chunk):
+            for message in _transfer.upload_messages(header, mapped.data, (begin, end), chunk,
+                                                     there):
                 if mapped.cancelled(transfer):
-                    if call is not None:
-                        call.cancel()
-                    return
+                    break
                 yield message
+            if ready.upto < end or mapped.cancelled(transfer):
+                # The copy stopped or the transfer was cancelled: the part is abandoned, not
+                # sent short.
+                if call is not None:
+                    call.cancel()
 
         call = self.channel.stream_unary(_UPLOAD).future(
             messages(), timeout=deadline.remaining(), metadata=self.settings.metadata(),
             wait_for_ready=wait_for_ready)
-        return call.result()
+        return call
 
 
 _SERVICE = "/gpucompute.v1.Compute/"
@@ -427,7 +585,7 @@ def main() -> None:
         settings, index = _receive(stdin)
     except EOFError:
         return
-    server = _Server(settings, index)
+    server = _Server(settings, index, stdin)
     handlers: Dict[str, Callable[..., Any]] = {"download": server.download,
                                                "upload": server.upload}
     while True:
@@ -435,6 +593,10 @@ def main() -> None:
             job = _receive(stdin)
         except EOFError:
             return
+        if job[0] == "ready":
+            # The word on an upload's progress for a job that the client stopped before it
+            # was sent: no answer is due.
+            continue
         try:
             answer: Tuple[Any, ...] = ("ok", handlers[job[0]](*job[1:]))
         except ComputeError as e:
@@ -444,6 +606,8 @@ def main() -> None:
             answer = ("error", error.code.name, error.message)
         except grpc.FutureCancelledError:
             answer = ("error", "CANCELLED", "another stream failed")
+        except EOFError:  # the client closed the pipe while an upload waited for its word
+            return
         except Exception as e:  # reported to the client, which raises it
             answer = ("error", "INTERNAL", f"transfer worker: {type(e).__name__}: {e}")
         _send(stdout, answer)

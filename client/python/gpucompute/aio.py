@@ -25,7 +25,8 @@ import numpy as np
 from gpucompute import _offload, _transfer, _workers, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
-from gpucompute._channel import SERVICE, Deadline, Settings, split_transfer, wait_connected
+from gpucompute._channel import (SERVICE, Deadline, Settings, auto_transfer_processes,
+                                 split_transfer, wait_connected)
 from gpucompute._tensors import Operand, invalid, operand
 from gpucompute.client import (HandleLike, TensorList, finish, handle_of, health_request,
                                health_status)
@@ -50,8 +51,10 @@ class Client(Operations):
                  keepalive_seconds: float = 300.0, retries: bool = True,
                  bfloat16: str = "auto",
                  channel_options: Sequence[Tuple[str, Any]] = (),
-                 connect_timeout: float = 1.0, transfer_processes: int = 0,
+                 connect_timeout: float = 1.0, transfer_processes: Optional[int] = None,
                  transfer_staging_bytes: int = 2 << 30) -> None:
+        if transfer_processes is None:
+            transfer_processes = auto_transfer_processes()
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
             lb_policy=lb_policy, use_tls=use_tls, root_certs_path=root_certs_path,

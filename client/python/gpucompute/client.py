@@ -12,8 +12,8 @@ import numpy as np
 from gpucompute import _offload, _transfer, _wire, _workers, ops
 from gpucompute._api import Operations
 from gpucompute._batch import BatchResult, Tracker
-from gpucompute._channel import (SERVICE, Deadline, Settings, split_transfer,
-                                 wait_connected_blocking)
+from gpucompute._channel import (SERVICE, Deadline, Settings, auto_transfer_processes,
+                                 split_transfer, wait_connected_blocking)
 from gpucompute._tensors import Operand, invalid, operand
 from gpucompute.errors import ComputeError
 from gpucompute.ops import ArrayLike, Resident
@@ -124,6 +124,8 @@ class Client(Operations):
         message's bytes with the interpreter lock held, so threads share one core's copy
         rate; processes do not. Started on first use (about 0.2 s), closed with the client;
         one transfer at a time uses them (others meanwhile use threads). Linux (memfd) only.
+        None (the default): half the cores this process may use, at most 8, on a machine
+        with 8 or more; else 0.
       transfer_staging_bytes: the largest transfer that goes through the worker processes:
         the buffer they share with this process grows to the largest transfer so far (and
         stays mapped until close()); larger transfers use threads.
@@ -141,8 +143,10 @@ class Client(Operations):
                  keepalive_seconds: float = 300.0, retries: bool = True,
                  bfloat16: str = "auto",
                  channel_options: Sequence[Tuple[str, Any]] = (),
-                 connect_timeout: float = 1.0, transfer_processes: int = 0,
+                 connect_timeout: float = 1.0, transfer_processes: Optional[int] = None,
                  transfer_staging_bytes: int = 2 << 30) -> None:
+        if transfer_processes is None:
+            transfer_processes = auto_transfer_processes()
         self._settings = Settings(
             target=target, default_timeout=default_timeout, max_message_bytes=max_message_bytes,
             lb_policy=lb_policy, use_tls=use_tls, root_certs_path=root_certs_path,

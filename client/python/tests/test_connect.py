@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -33,11 +34,15 @@ def start_later(address: str, servers: list, seconds: float = 0.5) -> threading.
     return t
 
 
-def test_calls_wait_for_a_server_that_comes_up_late():
+@pytest.mark.parametrize("processes", [0, 3])
+def test_calls_wait_for_a_server_that_comes_up_late(processes):
+    if processes and not hasattr(os, "memfd_create"):
+        pytest.skip("transfer worker processes need memfd (Linux)")
     address = f"127.0.0.1:{unused_port()}"
     a = np.arange(3 * 1024, dtype=np.float32)
     # Without the wait an upload (never retried) fails on the refused connection.
-    with gpucompute.Client(address, connect_timeout=0, retries=False) as impatient:
+    with gpucompute.Client(address, connect_timeout=0, retries=False,
+                           transfer_processes=processes) as impatient:
         with pytest.raises(gpucompute.ComputeError) as error:
             impatient.upload(a)
         assert error.value.code == grpc.StatusCode.UNAVAILABLE
@@ -45,9 +50,11 @@ def test_calls_wait_for_a_server_that_comes_up_late():
     starter = start_later(address, servers)
     try:
         with gpucompute.Client(address, connect_timeout=30, retries=False, streams=3,
-                               parallel_min_bytes=0) as patient:
+                               parallel_min_bytes=0, transfer_processes=processes) as patient:
             began = time.monotonic()
-            h = patient.upload(a)  # three streams, each on a connection of its own
+            # Three streams, each on a connection of its own (or three workers, each with
+            # its own).
+            h = patient.upload(a)
             assert time.monotonic() - began >= 0.4
             np.testing.assert_array_equal(patient.download(h), a)
             patient.free(h)

@@ -122,6 +122,78 @@ def test_failures_name_their_cause_and_the_workers_go_on(server):
         assert c.list_tensors().tensors == [], "a failed upload left a tensor"
 
 
+class _Told:
+    """A stand-in worker: what an upload's feed told it."""
+
+    def __init__(self) -> None:
+        self.words = []
+
+    def send(self, value) -> bool:
+        self.words.append(value)
+        return True
+
+
+def test_the_feed_copies_each_part_in_order_and_tells_its_worker_last_once():
+    from gpucompute._workers import _Feed
+
+    src = np.arange(1, 41, dtype=np.uint8)
+    parts = [(0, 10), (10, 10), (10, 25), (25, 40)]
+    for threads in (1, 2, 4):
+        staging = np.zeros(40, np.uint8)
+        told = [_Told() for _ in parts]
+        gpucompute._workers._COPY_THREADS, saved = threads, gpucompute._workers._COPY_THREADS
+        try:
+            feed = _Feed(src, staging, parts, 4)
+            feed.start(told)
+            feed.join()
+        finally:
+            gpucompute._workers._COPY_THREADS = saved
+        assert np.array_equal(staging, src)
+        for (begin, end), worker in zip(parts, told):
+            upto = [w[1] for w in worker.words]
+            assert all(w[0] == "ready" for w in worker.words)
+            assert upto == list(range(min(begin + 4, end), end, 4)) + [end], (begin, end, upto)
+    # Stopped before it started: only the workers given to start() hear, each once, -1.
+    staging = np.zeros(40, np.uint8)
+    told = [_Told() for _ in parts]
+    feed = _Feed(src, staging, parts, 4)
+    feed.stop()
+    feed.start(told[:2])
+    feed.join()
+    assert [t.words for t in told] == [[("ready", -1)], [("ready", -1)], [], []]
+    assert not staging.any()
+
+
+def test_an_upload_that_fails_midway_leaves_the_workers_in_step(server):
+    rng = np.random.default_rng(38)
+    x = random((1024, 1024), "float32", rng)  # 4 MiB: 512 chunks of 8 KiB over 3 workers
+    with workers_client(server, "workers-midway") as c:
+        for _ in range(3):
+            # A deadline that may pass while the staging copy still runs.
+            try:
+                c.free(c.upload(x, timeout=0.004))
+            except gpucompute.ComputeError as e:
+                assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED, str(e)
+            h = c.upload(x)
+            assert np.array_equal(c.download(h), x)
+            c.free(h)
+        # A worker killed while the parts are copied and sent.
+        victim = c._transfer_workers._workers[1].process
+        killer = threading.Timer(0.002, os.kill, (victim.pid, signal.SIGKILL))
+        killer.start()
+        try:
+            c.free(c.upload(x))
+        except gpucompute.ComputeError as e:
+            assert e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), str(e)
+        killer.join()
+        victim.wait(timeout=10)
+        y = random((1024, 1024), "float32", rng)
+        h = c.upload(y)
+        assert np.array_equal(c.download(h), y)
+        c.free(h)
+        assert c.list_tensors().tensors == [], "a failed upload left a tensor"
+
+
 def test_concurrent_transfers_and_close(server):
     rng = np.random.default_rng(35)
     xs = [random((400, 500), "float32", rng) for _ in range(6)]
@@ -144,6 +216,25 @@ def test_concurrent_transfers_and_close(server):
     pids = worker_pids(c)
     c.close()
     assert not any(alive(p) for p in pids)
+
+
+def test_the_default_uses_processes_on_machines_with_cores_to_spare(server, monkeypatch):
+    from gpucompute import _channel
+
+    for cores, expected in ((1, 0), (2, 0), (7, 0), (8, 4), (12, 6), (16, 8), (128, 8)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert _channel.auto_transfer_processes() == expected, cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    with gpucompute.Client(server.address) as c:
+        assert c._transfer_workers is not None and c._transfer_workers.count == 8
+    with gpucompute.Client(server.address, transfer_processes=0) as c:
+        assert c._transfer_workers is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with gpucompute.Client(server.address) as c:
+        assert c._transfer_workers is None
+    monkeypatch.delattr(os, "memfd_create")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert _channel.auto_transfer_processes() == 0
 
 
 def test_bad_settings_name_the_field(server):
