@@ -679,6 +679,7 @@ TEST(GemmVariant, CopiesRowsOnlyWhereTheProductOutweighsTheCopies) {
 
 // The same rule through the dispatcher, which counts the bytes to copy.
 TEST(GemmVariant, TheDispatcherCountsTheBytesToCopy) {
+  GC_REQUIRE_GPU();  // the dispatcher resolves against the device present
   GemmArgs a = SmallArgs();
   a.m = a.n = a.k = 999;
   a.lda = a.ldb = a.ldc = 999;  // rows of 1998 bytes: TMA cannot read them
