@@ -153,11 +153,11 @@ def operand(obj: Any, field: str) -> Operand:
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     arr = np.ascontiguousarray(arr)  # row-major: a copy only when the array is not
-    # The bytes as uint8: dtypes that numpy cannot export as a buffer (ml_dtypes.bfloat16)
-    # included. A view, no copy.
-    return Operand(dtype=dtype, shape=tuple(int(d) for d in arr.shape),
-                   data=memoryview(arr.reshape(-1).view(np.uint8)) if arr.size
-                   else memoryview(b""))
+    if arr.dtype.name == "bfloat16":
+        # ml_dtypes.bfloat16, which numpy cannot export as a buffer: its bits (a view).
+        arr = arr.view(np.uint16)
+    return Operand(dtype=dtype, shape=arr.shape,
+                   data=memoryview(arr).cast("B") if arr.size else memoryview(b""))
 
 
 def from_wire(dtype: int, shape: Tuple[int, ...], data: memoryview, bfloat16: str,
