@@ -107,8 +107,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--gemm", type=int, default=8192, help="M = N = K of the large bf16 GEMM")
     p.add_argument("--transfer_mib", type=int, default=1024)
     p.add_argument("--streams", type=int, default=4)
-    p.add_argument("--transfer_processes", type=int, default=0,
-                   help="the client's transfer_processes (0: threads)")
+    p.add_argument("--transfer_processes", type=int, default=None,
+                   help="the client's transfer_processes (0: threads; default: the client's "
+                        "own default for this machine)")
     p.add_argument("--offload_min_bytes", type=int, default=64 << 20,
                    help="operations whose inline operands reach this many bytes go through "
                         "resident tensors (Python and CLI); 0: always one message")
@@ -194,8 +195,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         n = args.transfer_mib << 20
         x = rng.integers(0, 2**16, n // 2, dtype=np.uint16)
         streams_note = f"{args.streams} streams"
-        if args.transfer_processes:
-            streams_note = f"{args.transfer_processes} processes; the CLI {streams_note}"
+        workers = client._transfer_workers  # as the client resolved transfer_processes
+        if workers is not None:
+            streams_note = f"{workers.count} processes; the CLI {streams_note}"
         if "upload" in cases:
             t = _p50(lambda: client.upload(x), args.requests, args.warmup,
                      after=lambda h: client.free(h))
