@@ -512,17 +512,14 @@ class _Server:
         progress is read to its last ("ready", end or -1) before this returns, so that the
         next job read is a job."""
         ready = _Ready(begin)
-        told_last = False
         try:
             mapped = self.map(path, size)
             self._await_connection(deadline, wait_for_ready)
             call = self._upload_call(transfer, mapped, ready, header, begin, end, chunk,
                                      deadline, wait_for_ready)
-            told_last = self._follow(ready, end)
-            return call.result()
         finally:
-            if not told_last:
-                self._follow(ready, end)
+            self._follow(ready, end)  # whether or not the call could start
+        return call.result()
 
     def _await_connection(self, deadline: Deadline, wait_for_ready: bool) -> None:
         """Waits, as the client's connect_timeout says, for this worker's connection (as the
@@ -530,7 +527,7 @@ class _Server:
         wait_connected_blocking(
             self.channel, self.settings.connect_wait(deadline.remaining(), wait_for_ready))
 
-    def _follow(self, ready: _Ready, end: int) -> bool:
+    def _follow(self, ready: _Ready, end: int) -> None:
         """Reads the client's word on an upload part's progress (ending at `end`) to its
         last."""
         while True:
@@ -539,7 +536,7 @@ class _Server:
                 raise ValueError(f"{word[0]!r} where an upload's progress was due")
             ready.set(word[1])
             if word[1] < 0 or word[1] >= end:
-                return True
+                return
 
     def _upload_call(self, transfer: int, mapped: _Mapped, ready: _Ready, header: bytes,
                      begin: int, end: int, chunk: int, deadline: Deadline,

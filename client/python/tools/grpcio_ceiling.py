@@ -22,7 +22,7 @@ import argparse
 import multiprocessing as mp
 import statistics
 import time
-from typing import Any, Callable, List, Tuple
+from typing import Any, List, Tuple
 
 import numpy as np
 
@@ -31,17 +31,6 @@ _DOWNLOAD = "/gpucompute.v1.Compute/Download"
 _GEMM = "/gpucompute.v1.Compute/Gemm"
 _OPTIONS = [("grpc.max_send_message_length", 1 << 30),
             ("grpc.max_receive_message_length", 1 << 30)]
-
-
-def _p50(fn: Callable[[], Any], n: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def _upload_part(server: str, header: bytes, part: Tuple[int, int], chunk: int,
@@ -133,6 +122,7 @@ def main() -> None:
     import gpucompute
     from gpucompute import ops
     from gpucompute._host_memory import keep_freed_host_memory
+    from gpucompute.bench import _p50
 
     keep_freed_host_memory()
     only = args.only.split(",")
