@@ -33,7 +33,13 @@
 //                 seq_q 1, its stream at 4.44 against cuDNN's 4.60 TB/s; K's
 //                 copies before V's took 0.3-1.3% off, and a TMA rung
 //                 (flash_decode: a third of the instructions), deeper rings
-//                 and cuDNN's tile shape did not help (not kept).
+//                 and cuDNN's tile shape did not help (not kept). The decode
+//                 tile as wide as D rounded up to 32 (256 before past 128,
+//                 one block per SM) and two warps a block past 192 columns
+//                 where the work fills three blocks per SM: 0.54x the time
+//                 at 160 wide, 0.67x at 192, 0.75x (224) and 0.95x (256)
+//                 with two warps, 0.77x at 32 (geometric means of random
+//                 decode shapes, sweep run 37 on an H100).
 //   flash_wgmma - Hopper: TMA into a multi-stage K/V ring on mbarriers, a
 //                 producer warpgroup and two or three consumer warpgroups
 //                 (setmaxnreg), wgmma for Q K^T (both operands in shared
@@ -94,8 +100,6 @@
 // non-causal, sweep run 12) is 70% of the ~990 TFLOP/s dense bf16 peak (cuDNN
 // 687 on the same shape); decode streams K/V at 4.2 TB/s, the copy ceiling.
 
-#include "gpucompute/kernels/attention.h"
-
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -104,10 +108,12 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "attention_common.cuh"
 #include "attention_mma.cuh"
 #include "attention_wgmma.cuh"
+#include "gpucompute/kernels/attention.h"
 #include "heuristics/attention_heuristics.h"
 #include "launch_util.h"
 
@@ -216,6 +222,8 @@ AttentionShape AttentionShapeOf(const AttentionArgs& a) {
 struct MmaPlan {
   bool decode = false;  // 16-row tiles, warps split the keys (<= 16 packed rows)
   bool small = false;   // 64-row tiles (one m16 tile per warp) for short query blocks
+  int kd = 128;         // the tile's width (and the key-split partials')
+  int decode_warps = 4;  // the decode tile's warps (DecodeWarps)
   int br = 128;
   int bc = 64;
   int m_blocks = 1;
@@ -224,16 +232,18 @@ struct MmaPlan {
   size_t workspace = 0;
 };
 
-// Resident decode blocks per SM (shared memory bounds them), asked once.
-template <typename T, int kD>
+// Resident decode blocks per SM (shared memory or registers bound them),
+// asked once per tile.
+template <typename T, int kD, int kWarps>
 int DecodeBlocksPerSm() {
   static const int n = [] {
-    auto kernel = FlashMmaDecodeKernel<T, kD>;
+    using Tile = DecodeTile<kD, kWarps>;
+    auto kernel = FlashMmaDecodeKernel<T, kD, kWarps>;
     int blocks = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(DecodeTile<kD>::kSmemBytes)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, DecodeTile<kD>::kThreads,
-                                                      DecodeTile<kD>::kSmemBytes) != cudaSuccess)
+                             int(Tile::kSmemBytes)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tile::kThreads,
+                                                      Tile::kSmemBytes) != cudaSuccess)
       blocks = 1;
     return std::max(1, blocks);
   }();
@@ -241,25 +251,40 @@ int DecodeBlocksPerSm() {
 }
 
 template <typename T>
-int DecodeBlocksPerSmOf(int64_t d) {
-  switch (PaddedHeadDim(d)) {
-    case 64: return DecodeBlocksPerSm<T, 64>();
-    case 128: return DecodeBlocksPerSm<T, 128>();
-    default: return DecodeBlocksPerSm<T, 256>();
+int DecodeBlocksPerSmOf(int kd, int warps) {
+  switch (kd) {
+    case 32:
+      return DecodeBlocksPerSm<T, 32, 4>();
+    case 64:
+      return DecodeBlocksPerSm<T, 64, 4>();
+    case 96:
+      return DecodeBlocksPerSm<T, 96, 4>();
+    case 128:
+      return DecodeBlocksPerSm<T, 128, 4>();
+    case 160:
+      return DecodeBlocksPerSm<T, 160, 4>();
+    case 192:
+      return DecodeBlocksPerSm<T, 192, 4>();
+    case 224:
+      return warps == 2 ? DecodeBlocksPerSm<T, 224, 2>() : DecodeBlocksPerSm<T, 224, 4>();
+    default:
+      return warps == 2 ? DecodeBlocksPerSm<T, 256, 2>() : DecodeBlocksPerSm<T, 256, 4>();
   }
 }
 
-int DecodeBlocksPerSm(DType t, int64_t d) {
-  if (t == DType::kF32) return DecodeBlocksPerSmOf<float>(d);
-  if (t == DType::kF16) return DecodeBlocksPerSmOf<__half>(d);
-  return DecodeBlocksPerSmOf<__nv_bfloat16>(d);
+// Resident blocks per SM of the decode tile kd wide with `warps` warps.
+int DecodeBlocksPerSm(DType t, int kd, int warps) {
+  if (t == DType::kF32) return DecodeBlocksPerSmOf<float>(kd, warps);
+  if (t == DType::kF16) return DecodeBlocksPerSmOf<__half>(kd, warps);
+  return DecodeBlocksPerSmOf<__nv_bfloat16>(kd, warps);
 }
 
 MmaPlan PlanMma(const AttentionArgs& a) {
   MmaPlan pl;
-  const int kd = PaddedHeadDim(a.head_dim);
   const int64_t rows = a.heads_q / a.heads_kv * a.seq_q;
   pl.decode = rows <= 16;
+  const int kd = pl.decode ? DecodeHeadDim(a.head_dim) : PaddedHeadDim(a.head_dim);
+  pl.kd = kd;
   // 64-row tiles for short query blocks, and always at a padded head dim of
   // 256 (two m16 tiles per warp would not fit the registers).
   pl.small = !pl.decode && (rows <= 64 || kd == 256);
@@ -268,10 +293,14 @@ MmaPlan PlanMma(const AttentionArgs& a) {
   pl.m_blocks = int((rows + pl.br - 1) / pl.br);
   const int64_t ctas = int64_t(pl.m_blocks) * a.batch * a.heads_kv;
   const int sms = SmCount();
+  if (pl.decode) {
+    pl.decode_warps = DecodeWarps(kd, ctas, a.seq_kv, sms);
+    pl.bc = 16 * pl.decode_warps;
+  }
   const int64_t key_blocks = (a.seq_kv + pl.bc - 1) / pl.bc;
   int64_t wave_splits = 1;
   if (pl.decode && ctas >= sms) {
-    const int64_t slots = int64_t(sms) * DecodeBlocksPerSm(a.dtype, a.head_dim);
+    const int64_t slots = int64_t(sms) * DecodeBlocksPerSm(a.dtype, kd, pl.decode_warps);
     wave_splits = DecodeWaveSplits(ctas, slots, key_blocks);
   }
   if (wave_splits > 1) {
@@ -288,9 +317,9 @@ MmaPlan PlanMma(const AttentionArgs& a) {
     // each kDecodeMinSplitBlocks long or more (heuristics). Otherwise about
     // four blocks per SM, each split four key blocks or more.
     const int64_t want =
-        pl.decode
-            ? std::max<int64_t>(1, int64_t(sms) * DecodeBlocksPerSm(a.dtype, a.head_dim) / ctas)
-            : (4 * int64_t(sms) + ctas - 1) / ctas;
+        pl.decode ? std::max<int64_t>(
+                        1, int64_t(sms) * DecodeBlocksPerSm(a.dtype, kd, pl.decode_warps) / ctas)
+                  : (4 * int64_t(sms) + ctas - 1) / ctas;
     const int64_t splits = std::max<int64_t>(
         1, std::min<int64_t>(
                {want, pl.decode ? key_blocks / kDecodeMinSplitBlocks : key_blocks / 4, 128}));
@@ -305,46 +334,77 @@ MmaPlan PlanMma(const AttentionArgs& a) {
   return pl;
 }
 
-// Merges the key splits of p (their partials kd wide) into O and the LSE.
-template <typename T>
-void LaunchCombine(const AttnParams& p, int kd, cudaStream_t stream) {
-  const unsigned rows = unsigned(p.batch) * p.heads_q * p.seq_q;
+// Calls f(std::integral_constant<int, kD>()) for a tile width kd (32 to 256,
+// a multiple of 32).
+template <typename F>
+void WithTileWidth(int kd, F&& f) {
   switch (kd) {
+    case 32:
+      return f(std::integral_constant<int, 32>());
     case 64:
-      CombineSplitsKernel<T, 64><<<rows, kCombineThreads, 0, stream>>>(p);
-      break;
+      return f(std::integral_constant<int, 64>());
+    case 96:
+      return f(std::integral_constant<int, 96>());
     case 128:
-      CombineSplitsKernel<T, 128><<<rows, kCombineThreads, 0, stream>>>(p);
-      break;
+      return f(std::integral_constant<int, 128>());
+    case 160:
+      return f(std::integral_constant<int, 160>());
     case 192:
-      CombineSplitsKernel<T, 192><<<rows, kCombineThreads, 0, stream>>>(p);
-      break;
+      return f(std::integral_constant<int, 192>());
+    case 224:
+      return f(std::integral_constant<int, 224>());
     default:
-      CombineSplitsKernel<T, 256><<<rows, kCombineThreads, 0, stream>>>(p);
-      break;
+      return f(std::integral_constant<int, 256>());
   }
 }
 
-// Merges the pieces of flash_wgmma's tail tiles (query tiles br rows high):
-// one block per row of every tail tile (those past seq_q return).
+// Merges the key splits of p (their partials kd wide) into O and the LSE: a
+// warp per row up to kWarpMergeMax splits where the heuristics ask for it,
+// else a block per row.
+template <typename T>
+void LaunchCombine(const AttnParams& p, int kd, cudaStream_t stream) {
+  const unsigned rows = unsigned(p.batch) * p.heads_q * p.seq_q;
+  constexpr unsigned kRowsPerBlock = kCombineThreads / 32;
+  const bool warp = p.num_splits <= kWarpMergeMax && MergeByWarps(rows, SmCount());
+  WithTileWidth(kd, [&](auto w) {
+    constexpr int kD = decltype(w)::value;
+    if (warp) {
+      CombineSplitsWarpKernel<T, kD>
+          <<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kCombineThreads, 0, stream>>>(p);
+    } else {
+      CombineSplitsKernel<T, kD><<<rows, kCombineThreads, 0, stream>>>(p);
+    }
+  });
+}
+
+// Merges the pieces of flash_wgmma's tail tiles (query tiles br rows high,
+// kd 64, 128, 192 or 256 wide): a warp per row of every tail tile up to
+// kWarpMergeMax pieces a tile where the heuristics ask for it, else a block
+// per row (those past seq_q return).
 template <typename T>
 void LaunchCombineTail(const AttnParams& p, const TailSplit& t, int kd, int br,
                        cudaStream_t stream) {
-  const unsigned rows =
-      unsigned(br * (int64_t(p.batch) * p.heads_q * ((p.seq_q + br - 1) / br) - t.first));
+  const int rows = int(br * (int64_t(p.batch) * p.heads_q * ((p.seq_q + br - 1) / br) - t.first));
+  constexpr int kRowsPerBlock = kCombineThreads / 32;
+  const bool warp = t.pieces <= kWarpMergeMax && MergeByWarps(rows, SmCount());
+  const unsigned blocks = unsigned(warp ? (rows + kRowsPerBlock - 1) / kRowsPerBlock : rows);
+  auto launch = [&](auto w) {
+    constexpr int kD = decltype(w)::value;
+    if (warp) {
+      CombineTailKernel<T, kD, true><<<blocks, kCombineThreads, 0, stream>>>(p, t, br, rows);
+    } else {
+      CombineTailKernel<T, kD, false><<<blocks, kCombineThreads, 0, stream>>>(p, t, br, rows);
+    }
+  };
   switch (kd) {
     case 64:
-      CombineTailKernel<T, 64><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
-      break;
+      return launch(std::integral_constant<int, 64>());
     case 128:
-      CombineTailKernel<T, 128><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
-      break;
+      return launch(std::integral_constant<int, 128>());
     case 192:
-      CombineTailKernel<T, 192><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
-      break;
+      return launch(std::integral_constant<int, 192>());
     default:
-      CombineTailKernel<T, 256><<<rows, kCombineThreads, 0, stream>>>(p, t, br);
-      break;
+      return launch(std::integral_constant<int, 256>());
   }
 }
 
@@ -352,7 +412,7 @@ template <typename T, typename Tile, bool kDecode = false>
 cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t stream) {
   void (*kernel)(const AttnParams);
   if constexpr (kDecode) {
-    kernel = FlashMmaDecodeKernel<T, Tile::kD>;
+    kernel = FlashMmaDecodeKernel<T, Tile::kD, Tile::kWarps>;
   } else {
     kernel = FlashMmaKernel<T, Tile>;
   }
@@ -366,14 +426,32 @@ cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t s
   return cudaGetLastError();
 }
 
-// Tiles by the padded head dim (64, 128 or 256).
+// Tiles by the plan's width: the decode tile's (DecodeHeadDim), else the
+// padded head dim (64, 128 or 256).
 template <typename T>
-cudaError_t LaunchMma(const AttnParams& p, const MmaPlan& pl, int head_dim, cudaStream_t stream) {
-  const int kd = PaddedHeadDim(head_dim);
+cudaError_t LaunchMma(const AttnParams& p, const MmaPlan& pl, cudaStream_t stream) {
+  const int kd = pl.kd;
   if (pl.decode) {
-    if (kd == 64) return LaunchMmaTile<T, DecodeTile<64>, true>(p, pl, stream);
-    if (kd == 128) return LaunchMmaTile<T, DecodeTile<128>, true>(p, pl, stream);
-    return LaunchMmaTile<T, DecodeTile<256>, true>(p, pl, stream);
+    switch (kd) {
+      case 32:
+        return LaunchMmaTile<T, DecodeTile<32>, true>(p, pl, stream);
+      case 64:
+        return LaunchMmaTile<T, DecodeTile<64>, true>(p, pl, stream);
+      case 96:
+        return LaunchMmaTile<T, DecodeTile<96>, true>(p, pl, stream);
+      case 128:
+        return LaunchMmaTile<T, DecodeTile<128>, true>(p, pl, stream);
+      case 160:
+        return LaunchMmaTile<T, DecodeTile<160>, true>(p, pl, stream);
+      case 192:
+        return LaunchMmaTile<T, DecodeTile<192>, true>(p, pl, stream);
+      case 224:
+        return pl.decode_warps == 2 ? LaunchMmaTile<T, DecodeTile<224, 2>, true>(p, pl, stream)
+                                    : LaunchMmaTile<T, DecodeTile<224, 4>, true>(p, pl, stream);
+      default:
+        return pl.decode_warps == 2 ? LaunchMmaTile<T, DecodeTile<256, 2>, true>(p, pl, stream)
+                                    : LaunchMmaTile<T, DecodeTile<256, 4>, true>(p, pl, stream);
+    }
   }
   if (kd == 64) {
     return pl.small ? LaunchMmaTile<T, MmaTile<64, 1, 64>>(p, pl, stream)
@@ -734,14 +812,17 @@ cudaError_t LaunchAttention(const AttentionArgs& args, std::string_view variant,
       p.num_splits = pl.splits;
       p.split_len = pl.split_len;
       p.part_o = static_cast<float*>(workspace);
-      // The partials are as wide as the padded tile (PlanMma sized them so).
-      p.part_lse = p.part_o + size_t(pl.splits) * args.batch * args.heads_q * args.seq_q *
-                                  size_t(PaddedHeadDim(d));
+      // The partials are as wide as the tile (PlanMma sized them so).
+      p.part_lse =
+          p.part_o + size_t(pl.splits) * args.batch * args.heads_q * args.seq_q * size_t(pl.kd);
     }
     switch (args.dtype) {
-      case DType::kF32: return LaunchMma<float>(p, pl, d, stream);
-      case DType::kF16: return LaunchMma<__half>(p, pl, d, stream);
-      case DType::kBF16: return LaunchMma<__nv_bfloat16>(p, pl, d, stream);
+      case DType::kF32:
+        return LaunchMma<float>(p, pl, stream);
+      case DType::kF16:
+        return LaunchMma<__half>(p, pl, stream);
+      case DType::kBF16:
+        return LaunchMma<__nv_bfloat16>(p, pl, stream);
     }
     return cudaErrorInvalidValue;
   }

@@ -161,6 +161,11 @@ __device__ __forceinline__ void StoreOut(const AttnParams& p, int64_t off, float
 // <= 256). Columns past D are zero-filled on load and never stored.
 constexpr int PaddedHeadDim(int64_t d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
 
+// flash_mma's decode tile: D rounded up to a multiple of 32 (its swizzle
+// takes rows of whole 32-column groups; a narrower tile leaves room for more
+// blocks, each a stream of K and V), 32 to 256.
+constexpr int DecodeHeadDim(int64_t d) { return d <= 32 ? 32 : int((d + 31) / 32 * 32); }
+
 // flash_wgmma's: 64, 128, 192 or 256 (its tiles are 64-column panels, all
 // of them loaded).
 constexpr int WgmmaHeadDim(int64_t d) {

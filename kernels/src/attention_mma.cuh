@@ -36,16 +36,24 @@ struct MmaTile {
   static constexpr int kDT = kD / 8;               // n8 tiles of O per m16 tile
   // sQ (kBr, kD) + sK, sV (kStages, kBc, kD), 16-bit elements.
   static constexpr size_t kSmemBytes = size_t(kBr + 2 * kStages * kBc) * kD * 2;
-  static_assert(kD % 64 == 0, "the (row % 8) chunk swizzle needs >= 8 chunks per row");
+  static_assert(kD % 64 == 0, "the prefill tiles are 64, 128 or 256 wide");
   static_assert(kBc % 16 == 0, "key tile must be a multiple of the mma k (16)");
   static_assert((kBr * kChunks) % kThreads == 0 && (kBc * kChunks) % kThreads == 0,
                 "tile loads are split evenly over the threads");
 };
 
-// Element offset of (row, 16-byte chunk) in a swizzled tile of width kD.
+// Element offset of (row, 16-byte chunk) in a swizzled tile of width kD (a
+// multiple of 32). Each group of eight chunks is swizzled by (row % 8); a
+// last group of four (kD % 64 == 32) by (row / 2 % 4). Either way the eight
+// rows an ldmatrix phase reads at one chunk land in eight different 16-byte
+// bank groups: a row is kD / 8 chunks long, 4 (mod 8) when kD % 64 == 32, so
+// row r starts at bank group 4 (r % 2) and the swizzle spreads the rest.
 template <int kD>
 __device__ __forceinline__ int SwzOff(int row, int chunk) {
-  return row * kD + ((chunk ^ (row & 7)) << 3);
+  static_assert(kD % 32 == 0, "tiles are a multiple of 32 columns wide");
+  constexpr int kWhole = kD / 64 * 8;  // chunks in whole groups of eight
+  const int sw = (kD % 64 == 0 || chunk < kWhole) ? chunk ^ (row & 7) : chunk ^ ((row >> 1) & 3);
+  return row * kD + (sw << 3);
 }
 
 // Copies 8 elements (one chunk) of a row into the swizzled shared tile; a null
@@ -280,36 +288,52 @@ __global__ void __launch_bounds__(Tile::kThreads)
   }
 }
 
-// Decode tile: 16 query rows (one m16 tile) shared by all four warps; each
-// warp takes its own 16 keys of every 64-key tile and keeps its own running
+// Decode tile: 16 query rows (one m16 tile) shared by the block's warps;
+// each warp takes its own 16 keys of every key tile and keeps its own running
 // max, sum and output, merged through shared memory at the end. For a handful
 // of query rows (seq_q 1..4 with grouped heads) this wastes 4x less tensor
 // work than 64-row tiles, so K and V stream at bandwidth.
-template <int kD_>
+//
+// A stream wants bytes in flight and warps to cover the latency: each block
+// has about one ring stage of K and V on its way while it computes. The tile
+// is therefore as narrow as D allows (DecodeHeadDim, a multiple of 32: a
+// 128-wide tile for D 96 held three blocks of 24 KB in flight per SM where D
+// 128 holds three of 32 KB, and streamed at 3.2 TB/s against 4.1, sweep run
+// 32 on an H200; D 136-176 on the 256-wide tile ran one block per SM at half
+// the speed of a 160- or 192-wide one, run 35). From 224 columns on, four
+// warps on 64-key tiles fit one block per SM (four warps; 1.3-1.8 TB/s on an
+// H100 on large caches, 0.50-0.63x cuDNN, run 35); two warps on 32-key tiles
+// fit three (six warps). The heuristics choose (DecodeWarps). At D <= 32 a
+// stage is small (8 KB) and the registers, not shared memory, bound the
+// blocks per SM: the ring there has a third stage, two of them on their way.
+template <int kD_, int kWarps_ = 4>
 struct DecodeTile {
   static constexpr int kD = kD_;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kWarps_;
+  static_assert(kWarps == 2 || kWarps == 4, "two or four warps");
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBr = 16;                   // query rows (BLOCK_M)
   static constexpr int kBc = 16 * kWarps;          // keys per tile (BLOCK_N), 16 per warp
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kD == 32 ? 3 : 2;
   static constexpr int kChunks = kD / 8;
   static constexpr int kDT = kD / 8;
   // sQ (kBr, kD) + sK, sV (kStages, kBc, kD), 16-bit; the fp32 merge area
   // (kWarps, kBr, kD) reuses the K/V ring after the loop.
   static constexpr size_t kSmemBytes = size_t(kBr + 2 * kStages * kBc) * kD * 2;
+  static_assert(kD % 32 == 0 && kD >= 32 && kD <= 256, "32 to 256 columns, a multiple of 32");
   static_assert(size_t(kWarps) * kBr * kD * 4 + 2 * kWarps * kBr * 4 <=
                     size_t(2 * kStages * kBc) * kD * 2,
                 "merge area fits in the K/V ring");
   static_assert((kBc * kChunks) % kThreads == 0, "tile loads split evenly");
 };
 
-template <typename T, int kD>
-__global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
+template <typename T, int kD, int kWarps>
+__global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
     FlashMmaDecodeKernel(const AttnParams p) {
-  using Tile = DecodeTile<kD>;
+  using Tile = DecodeTile<kD, kWarps>;
   using M = typename MmaType<T>::type;
   constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kDT = Tile::kDT, kChunks = Tile::kChunks;
+  constexpr int kStages = Tile::kStages;
   extern __shared__ uint4 smem_raw[];
   M* sQ = reinterpret_cast<M*>(smem_raw);
   M* sK = sQ + kBr * kD;
@@ -370,8 +394,13 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
       LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * d : nullptr, p.v);
     }
   };
-  if (nblocks > 0) load_kv(0, 0);
-  CpAsyncCommit();
+  // Q and the first kStages - 1 tiles, one commit group each (Q with the
+  // first), so that group blk is tile blk.
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nblocks) load_kv(st, st);
+    CpAsyncCommit();
+  }
 
   float o[kDT][4];
 #pragma unroll
@@ -385,10 +414,12 @@ __global__ void __launch_bounds__(DecodeTile<kD>::kThreads)
   const int wk = warp * 16;  // this warp's keys within a tile
 
   for (int blk = 0; blk < nblocks; ++blk) {
-    const int stage = blk & 1;
-    if (blk + 1 < nblocks) load_kv(blk + 1, stage ^ 1);
+    const int stage = blk % kStages;
+    // The stage refilled here was last read in iteration blk - 1, behind the
+    // barrier that ends it.
+    if (blk + kStages - 1 < nblocks) load_kv(blk + kStages - 1, (blk + kStages - 1) % kStages);
     CpAsyncCommit();
-    CpAsyncWait<1>();
+    CpAsyncWait<kStages - 1>();
     __syncthreads();
     const M* tk = sK + stage * kBc * kD;
     const M* tv = sV + stage * kBc * kD;
@@ -542,6 +573,49 @@ __device__ __forceinline__ void MergePartials(const AttnParams& p, int64_t row, 
   if (threadIdx.x == 0 && p.lse) p.lse[row] = none ? -INFINITY : mx + logf(total);
 }
 
+// The same merge for rows of at most kWarpMergeMax partials, one warp per
+// row: lane z reads partial z's LSE, the weights meet by shuffles, and every
+// lane sums its kD / 32 columns over the partials, whose loads do not wait on
+// each other. A block per row (above) spent three dependent round trips to
+// memory and a block barrier on each row: 6.5k rows of 2 key splits (B1 H2
+// Sq3248 Skv512) cost more than the splits saved.
+inline constexpr int kWarpMergeMax = 8;
+template <typename T, int kD>
+__device__ __forceinline__ void MergePartialsWarp(const AttnParams& p, int64_t row, int64_t first,
+                                                  int64_t stride, int n) {
+  constexpr int kCols = kD / 32;
+  static_assert(kD % 32 == 0, "columns are spread over the lanes");
+  const int lane = threadIdx.x & 31;
+  const float lz = lane < n ? p.part_lse[first + lane * stride] : -INFINITY;
+  float mx = lz;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  // Lane z's weight for partial z; empty partials (LSE -inf) weigh 0.
+  const float w = mx == -INFINITY || lz == -INFINITY ? 0.f : __expf(lz - mx);
+  float total = w;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+  float acc[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) acc[c] = 0.f;
+#pragma unroll
+  for (int z = 0; z < kWarpMergeMax; ++z) {
+    const float wz = __shfl_sync(0xffffffffu, w, z);
+    if (z < n && wz > 0.f) {
+      const float* po = p.part_o + (first + z * stride) * kD + lane;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(wz, po[32 * c], acc[c]);
+    }
+  }
+  const bool none = !(total > 0.f);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int col = lane + 32 * c;
+    if (col < p.head_dim) StoreOut<T>(p, row * p.head_dim + col, none ? 0.f : acc[c] / total);
+  }
+  if (lane == 0 && p.lse) p.lse[row] = none ? -INFINITY : mx + logf(total);
+}
+
 // Merges the key splits of every row, one block per row.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(const AttnParams p) {
@@ -550,18 +624,36 @@ __global__ void __launch_bounds__(kCombineThreads) CombineSplitsKernel(const Att
   MergePartials<T, kD>(p, row, row, rows, p.num_splits);
 }
 
-// Merges the pieces of flash_wgmma's tail tiles (TailSplit), one block per
-// row of each: block x is row x % br of tail tile x / br (br: the kernel's
-// query tile), its pieces at slots (x / br) * t.pieces + z.
+// The same for at most kWarpMergeMax key splits, one warp per row.
 template <typename T, int kD>
+__global__ void __launch_bounds__(kCombineThreads) CombineSplitsWarpKernel(const AttnParams p) {
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seq_q;
+  const int64_t row = int64_t(blockIdx.x) * (kCombineThreads / 32) + threadIdx.x / 32;
+  if (row < rows) MergePartialsWarp<T, kD>(p, row, row, rows, p.num_splits);
+}
+
+// Merges the pieces of flash_wgmma's tail tiles (TailSplit), one block (or
+// warp) per row of each: row x is row x % br of tail tile x / br (br: the
+// kernel's query tile), its pieces at slots (x / br) * t.pieces + z.
+// kWarp: one warp per row (the tail's tiles have at most kWarpMergeMax
+// pieces), row x = blockIdx.x * 4 + warp, `rows` of them.
+template <typename T, int kD, bool kWarp>
 __global__ void __launch_bounds__(kCombineThreads)
-    CombineTailKernel(const AttnParams p, const TailSplit t, int br) {
-  const int tt = int(blockIdx.x) / br, rr = int(blockIdx.x) % br;
+    CombineTailKernel(const AttnParams p, const TailSplit t, int br, int rows) {
+  const int x =
+      kWarp ? int(blockIdx.x) * (kCombineThreads / 32) + int(threadIdx.x) / 32 : int(blockIdx.x);
+  if (x >= rows) return;
+  const int tt = x / br, rr = x % br;
   const int m_blocks = (p.seq_q + br - 1) / br, tile = t.first + tt;
   const int i = tile % m_blocks * br + rr;
   if (i >= p.seq_q) return;
-  MergePartials<T, kD>(p, int64_t(tile / m_blocks) * p.seq_q + i, int64_t(tt) * t.pieces * br + rr,
-                       br, t.Pieces(tt));
+  const int64_t row = int64_t(tile / m_blocks) * p.seq_q + i;
+  const int64_t first = int64_t(tt) * t.pieces * br + rr;
+  if constexpr (kWarp) {
+    MergePartialsWarp<T, kD>(p, row, first, br, t.Pieces(tt));
+  } else {
+    MergePartials<T, kD>(p, row, first, br, t.Pieces(tt));
+  }
 }
 
 }  // namespace gpucompute::kernels::attention

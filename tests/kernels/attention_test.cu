@@ -249,6 +249,23 @@ std::vector<Case> AllCases() {
       {1, 4, 1, 16, 2000, 128, true},
       {64, 8, 2, 1, 300, 128, false},
       {1, 4, 2, 20, 10, 64, true},  // 10 keys, 20 rows: the first 10 see none
+      // Decode tiles as narrow as D allows (multiples of 32: 32, 96, 160, 192
+      // and 224 wide, zero-filled past D 16, 24, 80, 184 and 232; the
+      // three-stage ring at 32; four or two warps from 224), with key splits,
+      // the mask, fp32 O.
+      {3, 16, 4, 1, 5000, 32, false},
+      {2, 8, 1, 2, 3001, 16, true},
+      {1, 4, 2, 3, 777, 24, false, false, false, false, true},
+      {2, 8, 2, 1, 3001, 80, false},
+      {1, 16, 16, 1, 1500, 96, false},  // no grouping: one row of the 16 used
+      {2, 8, 2, 2, 2049, 160, true},
+      {1, 8, 1, 1, 4000, 184, false, false, false, false, true},
+      {3, 4, 2, 1, 777, 224, false},
+      {1, 8, 1, 1, 20000, 256, false},   // many key splits
+      {8, 16, 16, 1, 3500, 232, false},  // two-warp blocks: 128 blocks x 3500 keys
+      {140, 2, 1, 1, 300, 200, false},   // two-warp blocks: more blocks than SMs
+      // Key splits merged a warp per row: 6.5k rows of 2 splits.
+      {1, 2, 1, 3248, 512, 80, false},
       // O written as fp32.
       {1, 2, 2, 300, 555, 128, true, false, false, false, true},
       {1, 8, 2, 3, 1000, 64, false, false, false, false, true},
@@ -330,6 +347,23 @@ TEST(AttentionVariant, QueryRowsPerKvHeadPickTheTile) {
   s.wgmma_ok = true;  // only flash_wgmma takes them: it runs at any length
   s.seq_q = 1;
   EXPECT_STREQ(kernels::ChooseAttentionVariant(s), "flash_wgmma_overlap");
+}
+
+// flash_mma's decode tile from 224 columns on (heuristics, host only): two
+// warps a block where the blocks reach the SMs or the cache is long, else
+// four.
+TEST(AttentionVariant, WideDecodeTilesTakeTwoWarpsWhereTheWorkFillsThreeBlocksPerSm) {
+  using kernels::DecodeWarps;
+  EXPECT_EQ(DecodeWarps(192, 1000, 100000, 132), 4);  // up to 192 wide: four
+  EXPECT_EQ(DecodeWarps(224, 336, 1024, 132), 2);     // blocks past the SMs
+  EXPECT_EQ(DecodeWarps(224, 72, 8192, 132), 2);      // 590k blocks x keys
+  EXPECT_EQ(DecodeWarps(256, 4, 16384, 132), 4);      // 65k: four
+  EXPECT_EQ(DecodeWarps(256, 25, 13772, 132), 4);     // 344k: four
+  // The merge of key splits: a warp per row from 4 rows per SM.
+  EXPECT_TRUE(kernels::MergeByWarps(6496, 132));
+  EXPECT_FALSE(kernels::MergeByWarps(16, 132));
+  EXPECT_FALSE(kernels::MergeByWarps(527, 132));
+  EXPECT_TRUE(kernels::MergeByWarps(528, 132));
 }
 
 // The tail split of flash_wgmma's persistent grid (heuristics), host only:

@@ -21,9 +21,10 @@
 //     stream at 4.4 TB/s, cuDNN's at 4.6; sweep runs 20-27) and 2.4-5.1x
 //     at Sq 4-16 with grouped heads, where flash_wgmma_overlap
 //     reaches 0.22-0.91x and 1.24-1.75x; the only version for fp32 inputs on
-//     the tensor cores;
-//   - head dims run the tile of the next of 64, 128, 192 or 256 wide,
-//     zero-filled past D: D96 costs 0.97-0.99x the time of D128.
+//     the tensor cores; its decode tile is as wide as D rounded up to 32
+//     (DecodeTile; runs 35-37);
+//   - flash_wgmma's head dims run the tile of the next of 64, 128, 192 or
+//     256 wide, zero-filled past D: D96 costs 0.97-0.99x the time of D128.
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 
@@ -134,6 +135,39 @@ inline int64_t DecodeWaveSplits(int64_t blocks, int64_t slots, int64_t key_block
 // 8.0 us there (0.77 -> 1.17x the vendor), 13.0 -> 12.2 us at 4096 keys,
 // 10.8 -> 10.1 us at B4 Skv2048 D64, 9.5 -> 5.1 us at B1 H1 Skv1057 D64.
 inline constexpr int64_t kDecodeMinSplitBlocks = 1;
+
+// Warps of flash_mma's decode block (16 keys each per key tile) at a tile
+// width of 224 or 256, where four warps leave room for one block per SM and
+// two warps for three: two where the grid's blocks (kv heads x row blocks)
+// reach the SMs or the cache is long (blocks x keys >= kDecodeTwoWarpKeys),
+// else four. Sweep run 36 (H100, two random decode sets and the list, two
+// warps at every width past 192 against four): 0.54-0.81x the time where
+// the blocks reach the SMs (B21 H16 Sq4 Skv1024 D200, 336 blocks: 182 -> 132
+// us) or the blocks x keys reach 425k (B9 H8 Sq1 Skv8192 D216: 398 -> 211
+// us; B8 H12/6 Skv26613 D216, 16 blocks: 648 -> 432), but 1.04-1.6x where
+// they stay under 344k (B4 H8/1 Skv16384 D256, 4 blocks: 36.6 -> 51.6 us;
+// B4 H16/2 Sq2 Skv1024 D240: 20.4 -> 32.6; B25 H1 Sq6 Skv13772 D256, 25
+// blocks: +4%): split finer to fill three slots per SM, the short splits'
+// fixed costs and partials outweigh the extra warps. With this rule (run
+// 37, the same sets): the 12 rows it gives two warps 0.78x the time of the
+// 256-wide four-warp tile (geometric mean), the list's D256 row as before.
+inline constexpr int64_t kDecodeTwoWarpKeys = 400000;
+inline int DecodeWarps(int tile_d, int64_t blocks, int64_t seq_kv, int sms) {
+  if (tile_d < 224) return 4;
+  return blocks >= sms || blocks * seq_kv >= kDecodeTwoWarpKeys ? 2 : 4;
+}
+
+// How the partials of key splits and tail pieces are merged: a warp per row
+// (up to 8 partials a row, the kernel's bound) where there are at least
+// kWarpMergeRowsPerSm rows per SM, else a block of four warps per row, each
+// warp a share of the partials. Sweep run 35 (H100, against the block per
+// row for every row count): 6.5k rows of 2 splits (B1 H2 Sq3248 Skv512 D80)
+// 16.4 -> 12.6 us, 4096 rows of 2 (B1 H8 S512 D128 causal) 13.2 -> 10.8, of
+// 4 (B1 H32/8 Sq128 Skv4096) 24.9 -> 22.1; but 16 rows of 8 splits (B4 H4
+// Sq1 Skv1596 D256, run 37) 18.3 -> 20.2 us: few rows want the block's four
+// warps on each.
+inline constexpr int64_t kWarpMergeRowsPerSm = 4;
+inline bool MergeByWarps(int64_t rows, int sms) { return rows >= kWarpMergeRowsPerSm * sms; }
 
 // Key splits of flash_wgmma (flash-decoding): when its work tiles (query
 // blocks x heads) leave SMs idle, the keys of each are split so that about
