@@ -14,8 +14,6 @@ bool Contains(const std::vector<std::string>& v, std::string_view name) {
   return std::find(v.begin(), v.end(), name) != v.end();
 }
 
-bool IsVendor(std::string_view variant) { return variant == kGemmVendorVariant; }
-
 // True when the request belongs to the SIMT ladder (a vendor request never).
 bool UseSimt(const GemmArgs& args, std::string_view variant) {
   if (!variant.empty()) return Contains(GemmSimtVariants(), variant);
@@ -23,7 +21,7 @@ bool UseSimt(const GemmArgs& args, std::string_view variant) {
 }
 
 bool Known(std::string_view variant) {
-  return variant.empty() || IsVendor(variant) || Contains(GemmSimtVariants(), variant) ||
+  return variant.empty() || IsGemmVendorVariant(variant) || Contains(GemmSimtVariants(), variant) ||
          Contains(GemmTcVariants(), variant);
 }
 
@@ -51,12 +49,12 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
   s.copy_bytes = UseSimt(args, "") ? 0.0 : double(GemmTcPackedCopyBytes(args));
   s.c_bytes = static_cast<int>(DTypeSize(args.c_type));
   s.c_aligned = GemmCAligned(args, 16);
-  s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args));
+  s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args, kGemmVendorVariant));
   s.beta = args.beta != 0;
   s.sms = SmCount();
   const std::string_view chosen = ChooseGemmVariant(s);
   // A rung that refuses these arguments leaves the choice to the vendor.
-  if (!chosen.empty() && !IsVendor(chosen) && !CanImplementGemm(args, chosen))
+  if (!chosen.empty() && !IsGemmVendorVariant(chosen) && !CanImplementGemm(args, chosen))
     return s.vendor_ok ? kGemmVendorVariant : "";
   return chosen;
 }
@@ -68,6 +66,7 @@ const std::vector<std::string>& GemmVariants() {
     std::vector<std::string> v = GemmSimtVariants();
     for (const auto& name : GemmTcVariants()) v.push_back(name);
     v.push_back(kGemmVendorVariant);
+    v.push_back(kGemmCublasVariant);
     return v;
   }();
   return all;
@@ -76,7 +75,7 @@ const std::vector<std::string>& GemmVariants() {
 Support CanImplementGemm(const GemmArgs& args, std::string_view variant) {
   if (!Known(variant)) return Support::No("unknown gemm variant '" + std::string(variant) + "'");
   variant = Resolve(args, variant);
-  if (IsVendor(variant)) return CanImplementGemmVendor(args);
+  if (IsGemmVendorVariant(variant)) return CanImplementGemmVendor(args, variant);
   return UseSimt(args, variant) ? CanImplementGemmSimt(args, variant)
                                 : CanImplementGemmTc(args, variant);
 }
@@ -84,7 +83,7 @@ Support CanImplementGemm(const GemmArgs& args, std::string_view variant) {
 size_t GemmWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
   if (!Known(variant)) return 0;
   variant = Resolve(args, variant);
-  if (IsVendor(variant)) return GemmVendorWorkspaceBytes(args);
+  if (IsGemmVendorVariant(variant)) return GemmVendorWorkspaceBytes(args);
   return UseSimt(args, variant) ? GemmSimtWorkspaceBytes(args, variant)
                                 : GemmTcWorkspaceBytes(args, variant);
 }
@@ -93,7 +92,7 @@ cudaError_t LaunchGemm(const GemmArgs& args, std::string_view variant, void* wor
                        cudaStream_t stream) {
   if (!Known(variant)) return cudaErrorInvalidValue;
   variant = Resolve(args, variant);
-  if (IsVendor(variant)) return LaunchGemmVendor(args, workspace, stream);
+  if (IsGemmVendorVariant(variant)) return LaunchGemmVendor(args, variant, workspace, stream);
   return UseSimt(args, variant) ? LaunchGemmSimt(args, variant, workspace, stream)
                                 : LaunchGemmTc(args, variant, workspace, stream);
 }

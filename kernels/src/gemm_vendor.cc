@@ -1,7 +1,11 @@
-// GEMM's vendor fallback, the variant "cublaslt": cublasLtMatmul with fp32
-// accumulation (exact fp32, tf32 when allow_tf32, bf16/fp16 inputs), for the
-// shape classes where our ladders still lose (heuristics/gemm_heuristics.h).
-// Named as such in the shard timings and the kernel metrics.
+// GEMM's vendor fallbacks, for the shape classes where our ladders still lose
+// (heuristics/gemm_heuristics.h), both with fp32 accumulation (exact fp32,
+// tf32 when allow_tf32, bf16/fp16 inputs) and named as such in the shard
+// timings and the kernel metrics:
+//   "cublaslt"  cublasLtMatmul (below);
+//   "cublas"    cublasGemmStridedBatchedEx, the call torch.matmul makes (at
+//               the end of this file), on the caller's stream and workspace
+//               through a handle of cublas_handles.h.
 //
 // Row-major C[m, n] = op(A) op(B) is the column-major C^T[n, m] =
 // op(B)^T op(A)^T, so B is cuBLASLt's first operand and A its second, each
@@ -14,6 +18,7 @@
 // cache lookup, not for the heuristic query. Handles: one per device, shared
 // by every thread (a cuBLASLt handle holds no stream or workspace).
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -22,8 +27,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <tuple>
 
+#include "cublas_handles.h"
+#include "gemm_addend.h"
 #include "gpucompute/kernels/gemm.h"
 
 namespace gpucompute::kernels {
@@ -320,19 +329,66 @@ std::shared_ptr<const Plan> FindRoute(const GemmArgs& a, bool with_workspace, Ro
   return Find(route->key);
 }
 
-}  // namespace
+// --- "cublas": cublasGemmStridedBatchedEx ------------------------------------
 
-Support CanImplementGemmVendor(const GemmArgs& args) {
-  if (Support s = CheckArgs(args); !s) return s;
-  Route route;
-  if (FindRoute(args, true, &route) == nullptr)
-    return Support::No("cuBLASLt offers no algorithm for these arguments");
+Support CheckCublasArgs(const GemmArgs& a) {
+  if (Support s = CheckArgs(a); !s) return s;
+  if (a.lda > INT_MAX || a.ldb > INT_MAX || a.ldc > INT_MAX)
+    return Support::No("a leading dimension exceeds 2^31 - 1");
   return Support::Yes();
 }
 
-size_t GemmVendorWorkspaceBytes(const GemmArgs&) { return kWorkspaceBytes; }
+// The caller's workspace as cuBLAS takes it: from a 256-byte boundary.
+cublasStatus_t SetCublasWorkspace(cublasHandle_t h, void* workspace) {
+  if (workspace == nullptr) return cublasSetWorkspace(h, nullptr, 0);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(workspace);
+  const uintptr_t aligned = (p + 255) & ~uintptr_t(255);
+  return cublasSetWorkspace(h, reinterpret_cast<void*>(aligned), kWorkspaceBytes - (aligned - p));
+}
 
-cudaError_t LaunchGemmVendor(const GemmArgs& args, void* workspace, cudaStream_t stream) {
+// cublasGemmStridedBatchedEx writes C over its addend: an addend apart from C
+// (c_in) is copied into C first, as one 2-D copy where the batch's entries
+// lie one after another in both, else one per entry.
+cudaError_t CopyAddendIntoC(const GemmArgs& a, cudaStream_t stream) {
+  const GemmAddend add = ChooseGemmAddend(a);
+  if (!add.apart || add.ptr == a.c) return cudaSuccess;
+  const size_t ec = DTypeSize(a.c_type);
+  const size_t pitch = size_t(a.ldc) * ec, row = size_t(a.n) * ec;
+  const bool dense = a.batch == 1 || (a.stride_c == a.m * a.ldc && add.stride == a.stride_c);
+  const int64_t copies = dense ? 1 : a.batch;
+  const int64_t rows = dense ? a.m * a.batch : a.m;
+  for (int64_t i = 0; i < copies; ++i) {
+    char* dst = static_cast<char*>(a.c) + size_t(i * a.stride_c) * ec;
+    const char* src = static_cast<const char*>(add.ptr) + size_t(i * add.stride) * ec;
+    const cudaError_t e = cudaMemcpy2DAsync(dst, pitch, src, pitch, row, size_t(rows),
+                                            cudaMemcpyDeviceToDevice, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t LaunchCublas(const GemmArgs& a, void* workspace, cudaStream_t stream) {
+  if (!CheckCublasArgs(a)) return cudaErrorInvalidValue;
+  static CublasHandles* const handles = new CublasHandles();  // lives as long as the process
+  cublasHandle_t h = handles->Get(stream);
+  if (h == nullptr) return cudaErrorNotSupported;
+  cublasStatus_t s = SetCublasWorkspace(h, workspace);
+  if (s != CUBLAS_STATUS_SUCCESS) return ToCuda(s);
+  if (const cudaError_t e = CopyAddendIntoC(a, stream); e != cudaSuccess) return e;
+  const bool tf32 = a.ab_type == DType::kF32 && a.allow_tf32;
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const float alpha = a.alpha, beta = a.beta;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B first.
+  s = cublasGemmStridedBatchedEx(
+      h, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(a.n),
+      int(a.m), int(a.k), &alpha, a.b, CudaType(a.ab_type), int(a.ldb), a.stride_b, a.a,
+      CudaType(a.ab_type), int(a.lda), a.stride_a, &beta, a.c, CudaType(a.c_type), int(a.ldc),
+      a.stride_c, int(a.batch), compute, CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS) return ToCuda(s);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCublasLt(const GemmArgs& args, void* workspace, cudaStream_t stream) {
   if (!CheckArgs(args)) return cudaErrorInvalidValue;
   Route route;
   std::shared_ptr<const Plan> plan = FindRoute(args, workspace != nullptr, &route);
@@ -355,6 +411,32 @@ cudaError_t LaunchGemmVendor(const GemmArgs& args, void* workspace, cudaStream_t
     if (s != CUBLAS_STATUS_SUCCESS) return ToCuda(s);
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+bool IsGemmVendorVariant(std::string_view variant) {
+  return variant == kGemmVendorVariant || variant == kGemmCublasVariant;
+}
+
+Support CanImplementGemmVendor(const GemmArgs& args, std::string_view variant) {
+  if (variant == kGemmCublasVariant) return CheckCublasArgs(args);
+  if (variant != kGemmVendorVariant)
+    return Support::No("unknown vendor variant '" + std::string(variant) + "'");
+  if (Support s = CheckArgs(args); !s) return s;
+  Route route;
+  if (FindRoute(args, true, &route) == nullptr)
+    return Support::No("cuBLASLt offers no algorithm for these arguments");
+  return Support::Yes();
+}
+
+size_t GemmVendorWorkspaceBytes(const GemmArgs&) { return kWorkspaceBytes; }
+
+cudaError_t LaunchGemmVendor(const GemmArgs& args, std::string_view variant, void* workspace,
+                             cudaStream_t stream) {
+  if (variant == kGemmCublasVariant) return LaunchCublas(args, workspace, stream);
+  if (variant == kGemmVendorVariant) return LaunchCublasLt(args, workspace, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace gpucompute::kernels

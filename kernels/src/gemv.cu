@@ -145,6 +145,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cublas_handles.h"
 #include "gpucompute/kernels/gemv.h"
 #include "heuristics/gemv_heuristics.h"
 #include "launch_util.h"
@@ -1854,42 +1855,7 @@ cudaError_t LaunchMmaRing(const GemvParams& p, int only_tile, cudaStream_t strea
 // heuristics/gemv_heuristics.h). Row-major y^T = x^T op(A)^T is, column-major,
 // Y' [ncols, m] = X' [ncols, k] * op(A)': A row-major with stride lda is
 // column-major [lda, rows], used as is (A x) or transposed (A^T x).
-// One handle per (device, stream), made on first use and kept for the
-// process's life: the server's streams are its lanes, each leased by one
-// shard at a time, so a handle is never used by two threads at once, and
-// their number (and cuBLAS's workspace per handle) stays bounded by the
-// lanes.
-class CublasHandles {
- public:
-  // The handle for `stream` on the current device; null when cuBLAS cannot
-  // make one.
-  cublasHandle_t Get(cudaStream_t stream) {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = handles_.find({device, stream});
-    if (it != handles_.end()) return it->second;
-    cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return nullptr;
-    // Split-K partial sums in fp32 too: without this, cuBLAS may reduce them
-    // in the 16-bit output type (errors of ~1% at k = 1000, far from our
-    // kernels' fp32 accumulation).
-    if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(h, cublasMath_t(CUBLAS_DEFAULT_MATH |
-                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)) !=
-            CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(h);
-      return nullptr;
-    }
-    handles_[{device, stream}] = h;
-    return h;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<std::pair<int, cudaStream_t>, cublasHandle_t> handles_;
-};
-
+// Handles: cublas_handles.h (this file's own pool).
 cudaError_t LaunchCublas(const GemvArgs& args, cudaStream_t stream) {
   static CublasHandles* const handles = new CublasHandles();  // lives as long as the process
   cublasHandle_t h = handles->Get(stream);

@@ -249,8 +249,9 @@ TEST_P(GemmSimtTest, MatchesFloat64Reference) {
   args.alpha = c.alpha, args.beta = c.beta;
   if (c.c_apart) args.c_in = c_in.get(), args.stride_c_in = l.stride_c;
   // "dispatch": the dispatcher's default (heuristics: the ladder or the
-  // vendor fallback); "cublaslt": the fallback itself; the rest: the ladder.
-  const bool dispatch = variant == "dispatch" || variant == kernels::kGemmVendorVariant;
+  // vendor fallback); "cublaslt", "cublas": the fallbacks themselves; the
+  // rest: the ladder.
+  const bool dispatch = variant == "dispatch" || kernels::IsGemmVendorVariant(variant);
   const std::string_view named = variant == "dispatch" ? std::string_view() : variant;
   const kernels::Support support = dispatch ? kernels::CanImplementGemm(args, named)
                                             : kernels::CanImplementGemmSimt(args, variant);
@@ -300,6 +301,7 @@ std::vector<std::string> VariantsAndAuto() {
   v.push_back("");
   v.push_back("dispatch");
   v.push_back(kernels::kGemmVendorVariant);
+  v.push_back(kernels::kGemmCublasVariant);
   return v;
 }
 

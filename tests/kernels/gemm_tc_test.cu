@@ -223,8 +223,9 @@ TEST_P(GemmTcTest, MatchesFloat64Reference) {
   }
 
   // "" is the dispatcher's default (heuristics: a rung or the vendor
-  // fallback), "ladder" the ladder's own choice, "cublaslt" the fallback.
-  const bool ladder = cs.variant != "" && cs.variant != kernels::kGemmVendorVariant;
+  // fallback), "ladder" the ladder's own choice, "cublaslt" and "cublas" the
+  // fallbacks.
+  const bool ladder = cs.variant != "" && !kernels::IsGemmVendorVariant(cs.variant);
   const std::string_view rung = cs.variant == "ladder" ? std::string_view() : cs.variant;
   const kernels::Support s = ladder ? kernels::CanImplementGemmTc(args, rung)
                                     : kernels::CanImplementGemm(args, cs.variant);
@@ -283,6 +284,7 @@ std::vector<Case> AllCases() {
                                              "wgmma_splitk_128x192",
                                              "ladder",
                                              "cublaslt",
+                                             "cublas",
                                              ""};
   const std::vector<std::pair<DType, DType>> types = {{DType::kBF16, DType::kBF16},
                                                       {DType::kBF16, DType::kF32},
@@ -389,7 +391,7 @@ std::vector<Case> AllCases() {
   for (const auto& [m, n, k] : {std::array<int64_t, 3>{4097, 4095, 4099}, {6001, 3001, 5003}})
     for (const auto& [ab, ct] : types)
       for (int tb = 0; tb < 2; ++tb)
-        for (const std::string v : {"mma_sync", "cublaslt", "wgmma_packed", ""}) {
+        for (const std::string v : {"mma_sync", "cublaslt", "cublas", "wgmma_packed", ""}) {
           Case c{v, m, n, k};
           c.ab = ab;
           c.c = ct;
@@ -677,6 +679,61 @@ TEST(GemmVariant, CopiesRowsOnlyWhereTheProductOutweighsTheCopies) {
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_packed");
 }
 
+// C's rows off 16 bytes with A and B as TMA reads them (heuristics/
+// gemm_heuristics.h), host only: ours, but for one row or column and tf32 NN
+// with beta.
+TEST(GemmVariant, RowsOfCOff16BytesTakeOursWhereTmaReadsAAndB) {
+  kernels::GemmShape s;
+  s.ab = DType::kBF16;
+  s.tma_ok = true;
+  s.trans_b = true;
+  s.m = 737;
+  s.n = 11635;
+  s.k = 256;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");  // C on 16 bytes
+  s.c_aligned = false;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.beta = true;
+  s.c_bytes = 4;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.m = 1;  // one row: cuBLAS's GEMV
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.m = 64;
+  s.n = 106;
+  s.k = 792;  // under 2^24 multiply-adds: the vendor
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.batch = 4;  // a batch of them: 2^24 and more
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.batch = 1;
+  s.m = 737;
+  s.n = 11635;
+  s.k = 256;
+  s.aligned = false;  // A or B copied first: the packed rule decides
+  s.tma_ok = false;
+  s.copy_bytes = 2.0 * 737 * 256;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s = kernels::GemmShape{};
+  s.ab = DType::kF32;
+  s.tf32 = true;
+  s.tma_ok = true;
+  s.c_aligned = false;
+  s.c_bytes = 4;
+  s.m = 4;
+  s.n = 1853;
+  s.k = 4096;
+  s.trans_b = true;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.trans_b = false;
+  s.beta = true;  // tf32 NN with beta: C^T read element by element
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s = kernels::GemmShape{};
+  s.ab = DType::kF32;  // exact fp32: the SIMT ladder's rules
+  s.tma_ok = true;
+  s.c_aligned = false;
+  s.m = s.n = s.k = 999;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+}
+
 // The same rule through the dispatcher, which counts the bytes to copy.
 TEST(GemmVariant, TheDispatcherCountsTheBytesToCopy) {
   GC_REQUIRE_GPU();  // the dispatcher resolves against the device present
@@ -691,6 +748,38 @@ TEST(GemmVariant, TheDispatcherCountsTheBytesToCopy) {
   a.lda = 1000;  // A's rows on 16 bytes, B's not: B copied, 1000 FLOPs a byte
   a.m = 1000;
   EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+}
+
+TEST(GemmVariant, BothVendorFallbacksAreListedByName) {
+  const auto& v = kernels::GemmVariants();
+  for (const char* name : {"cublaslt", "cublas"}) {
+    EXPECT_NE(std::find(v.begin(), v.end(), name), v.end()) << name;
+    EXPECT_TRUE(kernels::IsGemmVendorVariant(name)) << name;
+  }
+  EXPECT_FALSE(kernels::IsGemmVendorVariant("wgmma_splitk"));
+  EXPECT_FALSE(kernels::IsGemmVendorVariant(""));
+  EXPECT_FALSE(kernels::CanImplementGemmVendor(SmallArgs(), "cublasxt"));
+}
+
+// ... and C's rows: off 16 bytes with A and B as TMA reads them, ours.
+TEST(GemmVariant, TheDispatcherSeesWhereCsRowsLie) {
+  GC_REQUIRE_GPU();
+  GemmArgs a = SmallArgs();
+  a.m = 737;
+  a.n = 1163;
+  a.k = 256;
+  a.trans_b = true;
+  a.lda = a.ldb = 256;
+  a.ldc = 1168;  // C's rows on 16 bytes: the vendor
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  a.ldc = 1163;  // off 16 bytes
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_splitk");
+  a.c_type = DType::kF32;
+  a.ldc = 1164;  // fp32 rows on 16 bytes
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  // The named fallbacks are what runs when named.
+  EXPECT_EQ(kernels::GemmVariantName(a, "cublas"), "cublas");
+  EXPECT_TRUE(kernels::CanImplementGemm(a, "cublas"));
 }
 
 TEST(GemmTcApi, EmptyProblemIsANoOp) {

@@ -6,12 +6,17 @@ summary by class.
 
 x vendor = the vendor's time / ours (> 1: we are faster). "default" is what
 the server's default path ran; "own" the fastest of our own kernels forced
-by name (the vendor fallback "cublaslt" left out); "lt" the fallback forced.
+by name (the vendor fallbacks "cublaslt" and "cublas" left out); "lt" and
+"cublas" the fallbacks forced.
 """
 import argparse
 import json
 import math
 import sys
+
+
+# The vendor fallbacks (kernels/include/gpucompute/kernels/gemm.h).
+VENDOR = ("cublaslt", "cublas")
 
 
 def geo(xs):
@@ -28,14 +33,16 @@ def main():
         data = json.load(f)
     rows = data["rows"]
     for r in rows:
-        own = {k: v for k, v in r["forced"].items() if k != "cublaslt" and v > 0}
+        own = {k: v for k, v in r["forced"].items() if k not in VENDOR and v > 0}
         r["own_best"] = min(own, key=own.get) if own else ""
         r["own_s"] = own[r["own_best"]] if own else -1
         r["lt_s"] = r["forced"].get("cublaslt", -1)
+        r["blas_s"] = r["forced"].get("cublas", -1)
         v = r["vendor_s"]
         r["x_def"] = v / r["ours_s"] if v > 0 and r["ours_s"] > 0 else 0
         r["x_own"] = v / r["own_s"] if v > 0 and r["own_s"] > 0 else 0
         r["x_lt"] = v / r["lt_s"] if v > 0 and r["lt_s"] > 0 else 0
+        r["x_blas"] = v / r["blas_s"] if v > 0 and r["blas_s"] > 0 else 0
         r["tflops"] = r["flops"] / r["ours_s"] / 1e12 if r["ours_s"] > 0 else 0
 
     classes = {}
@@ -58,13 +65,14 @@ def main():
         out.append(f"| {name} | {n} | {g:.3f} | {mn:.3f} | {good}/{n} | {go:.3f} | {og}/{no} | {o1}/{no} |")
     table = "\n".join(out)
 
-    detail = ["| class | shape | dtype | default ran | ours us | TFLOP/s | vendor us | x vendor | best own | x own | x cublaslt forced | ok |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    detail = ["| class | shape | dtype | default ran | ours us | TFLOP/s | vendor us | x vendor | best own | x own | x cublaslt forced | x cublas forced | ok |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         detail.append(
             f"| {r['class']} | {r['shape']} | {r['dtype']}->{r['out']} | {r['variant']} | "
             f"{r['ours_s'] * 1e6:.1f} | {r['tflops']:.1f} | {r['vendor_s'] * 1e6:.1f} | "
             f"{r['x_def']:.3f} | {r['own_best']} | {r['x_own']:.3f} | {r['x_lt']:.3f} | "
+            f"{r['x_blas']:.3f} | "
             f"{'ok' if r['ok'] else 'WRONG'} |")
 
     wrong = sum(not r["ok"] for r in rows)

@@ -3,7 +3,7 @@
 //
 // Derived from the server-path sweep (tests/sweep/gemm_sweep.cc; table and
 // command in kernels/bench/results/sweep-gemm.md), which times every version
-// on every shape of its list (155 cases, 10 classes), our rungs forced one by
+// on every shape of its list (168 cases, 11 classes), our rungs forced one by
 // one and the cuBLASLt fallback, against cuBLAS in the same run. What it
 // showed on the H200 (the best of our rungs / cuBLAS, by class; run 7 of
 // sweep-gemm.md, runs 1-2 before wgmma_splitk and wgmma_packed):
@@ -31,7 +31,12 @@
 // 21-27 timed the default on 534 random shapes of the sweep's classes too
 // (--random): the bound of 2^31 for wgmma_packed gave way to what its copies
 // and C cost (below), and the fallback's batches sharing an operand to one
-// batched call (gemm_vendor.cc).
+// batched call (gemm_vendor.cc). Their forced times also found a class the
+// list had no case of: C's rows off 16 bytes with A and B as TMA reads them,
+// where wgmma_splitk runs 1.6x faster than the fallback (below). Run 28
+// forced cublasGemmStridedBatchedEx itself ("cublas") through the same path:
+// no class ahead of cuBLASLt (list geomean 0.987 against 0.997), so the
+// default never picks it.
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMM_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_GEMM_HEURISTICS_H_
 
@@ -85,6 +90,9 @@ inline constexpr double kGemmPackedMinFlopsPerCByteSlowC = 256;  // fp32 or read
 inline constexpr double kGemmPackedSmallVolume = 1073741824.0;   // 2^30
 inline constexpr int64_t kGemmPackedThinMax = 16;
 inline constexpr double kGemmPackedMinVolume = 2147483648.0;
+// C's rows off 16 bytes with A and B as TMA reads them: ours from this
+// batch * M * N * K up (below).
+inline constexpr double kGemmCOffMinVolume = 16777216.0;  // 2^24
 // tf32 NN with K up to this over at least 2^23 outputs runs ours (below).
 inline constexpr int64_t kGemmTf32ShortK = 128;
 
@@ -111,6 +119,22 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   if (tensor_cores && !s.aligned && copies_pay && c_pays && thin > 1 &&
       (thin <= kGemmPackedThinMax || thin >= 128 || volume >= kGemmPackedMinVolume))
     return "wgmma_packed";
+  // A and B as TMA reads them, C's rows off 16 bytes (N not a multiple of 8
+  // in 16-bit, of 4 in fp32): cuBLAS(Lt) slows down there, ours writes such
+  // rows from the fragments. wgmma_splitk against the fallback, same run
+  // (H100, sweep-gemm.md runs 25-29, 55 shapes of the list and --random):
+  // 1.46x geomean, 46 ahead (737x11635x256 NT 77.2 -> 18.5 us, 16*256x943x512
+  // NT 46.4 -> 11.3, 6753x5542x512 NT f16 178 -> 93, 4x1853x4096 NT tf32 18.7
+  // -> 10.6, with fp32 C or beta too). Of the 8 behind, 6 are under 2^24
+  // batch * M * N * K (268x314x32 NT tf32 with beta 3.4 against 9.5 us,
+  // 64x106x792 NT 4.4 against 6.4); from 2^24 up 47 shapes, 1.62x, 44 ahead,
+  // 2 behind: 2048x14725x32 NT 0.80x, 11742x1902x128 NT tf32 0.84x. Left
+  // out: one row or column (cuBLAS's GEMV), and tf32 NN with beta (run as
+  // C^T, read element by element: below).
+  const bool tf32_nn = s.tf32 && !s.trans_a && !s.trans_b;
+  if (tensor_cores && s.tma_ok && s.aligned && !s.c_aligned && thin > 1 &&
+      volume >= kGemmCOffMinVolume && !(tf32_nn && s.beta))
+    return "wgmma_splitk";
   // tf32 with A transposed and B not (TN): cuBLAS's tf32 TN kernels ran
   // ~1.6x slower than its NT ones; one operand copied K-major first:
   // 1.02-1.16x (4096^3 1.27x, 2000x3000x1000 1.28x in run 21); C as above
@@ -125,7 +149,7 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // Short K (at most 128) over a large C, since C^T's stores no longer test
   // beta per element (sweep-gemm.md runs 17 and 19): 4096x4096x16 to 16384^2 x
   // 128 1.08-1.31x on an H200; those and 32 x 512x512x64 0.96-1.30x on an H100.
-  if (s.tf32 && !s.trans_a && !s.trans_b && s.tma_ok && !s.beta) {
+  if (tf32_nn && s.tma_ok && !s.beta) {
     if (s.batch > 1 && volume >= kGemmPackedMinVolume) return "wgmma_splitk";
     if (s.k >= 64 * std::max(s.m, s.n) && s.m * s.n >= 65536) return "wgmma_splitk";
     if (s.k <= kGemmTf32ShortK && double(s.m) * double(s.n) * double(s.batch) >= 8388608.0)

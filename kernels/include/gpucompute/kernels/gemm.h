@@ -4,8 +4,9 @@
 //   src/gemm_simt.cu   exact fp32 on the CUDA cores (FFMA), naive -> warp-tiled;
 //   src/gemm_tc.cu     tensor cores: bf16/fp16 (fp32 accumulate) and fp32 inputs
 //                      in tf32 mode, mma.sync -> TMA + wgmma, warp-specialised;
-//   src/gemm_vendor.cc "cublaslt": cublasLtMatmul, for the shape classes where
-//                      our ladders still lose.
+//   src/gemm_vendor.cc "cublaslt" (cublasLtMatmul) and "cublas"
+//                      (cublasGemmStridedBatchedEx), for the shape classes
+//                      where our ladders still lose.
 // LaunchGemm (src/gemm_dispatch.cc) routes a request: a variant name to
 // whatever owns it; the empty variant to what src/heuristics/gemm_heuristics.h
 // picks (the vendor fallback, or the ladder of the dtype: exact fp32
@@ -81,17 +82,26 @@ cudaError_t LaunchGemmTc(const GemmArgs& args, std::string_view variant, void* w
 std::string GemmSimtDefaultRung(const GemmArgs& args);
 std::string GemmTcDefaultRung(const GemmArgs& args);
 
-// --- Vendor fallback "cublaslt" (src/gemm_vendor.cc): every dtype the ---
-// ladders take (tf32 when allow_tf32), any layout cuBLASLt has an algorithm
-// for; c_in too. Needs GemmVendorWorkspaceBytes of workspace for its full
-// choice of algorithms (null: only those that need none).
-Support CanImplementGemmVendor(const GemmArgs& args);
-size_t GemmVendorWorkspaceBytes(const GemmArgs& args);
-cudaError_t LaunchGemmVendor(const GemmArgs& args, void* workspace, cudaStream_t stream);
+// --- Vendor fallbacks (src/gemm_vendor.cc), for the shape classes where ---
+// our ladders still lose; every dtype the ladders take (tf32 when
+// allow_tf32), c_in too:
+//   "cublaslt"  cublasLtMatmul with a plan cached per problem; any layout
+//               cuBLASLt has an algorithm for;
+//   "cublas"    cublasGemmStridedBatchedEx itself (the call torch.matmul
+//               makes); C's addend, where c_in lies apart, is first copied
+//               into C.
+// Each needs GemmVendorWorkspaceBytes of workspace for its full choice of
+// algorithms (null: only those that need none).
 inline constexpr const char* kGemmVendorVariant = "cublaslt";
+inline constexpr const char* kGemmCublasVariant = "cublas";
+bool IsGemmVendorVariant(std::string_view variant);
+Support CanImplementGemmVendor(const GemmArgs& args, std::string_view variant);
+size_t GemmVendorWorkspaceBytes(const GemmArgs& args);
+cudaError_t LaunchGemmVendor(const GemmArgs& args, std::string_view variant, void* workspace,
+                             cudaStream_t stream);
 
 // --- Dispatcher (src/gemm_dispatch.cc). ---
-// Every variant name of both ladders, then the vendor fallback.
+// Every variant name of both ladders, then the vendor fallbacks.
 const std::vector<std::string>& GemmVariants();
 // Checks the arguments against the ladder that `variant` (or, when empty, the
 // dtype and allow_tf32) selects.
@@ -103,7 +113,8 @@ size_t GemmWorkspaceBytes(const GemmArgs& args, std::string_view variant);
 cudaError_t LaunchGemm(const GemmArgs& args, std::string_view variant, void* workspace,
                        cudaStream_t stream);
 // The name of what LaunchGemm runs for these arguments: `variant` itself when
-// one is named, else the default's choice (a rung's name or "cublaslt").
+// one is named, else the default's choice (a rung's name or a vendor
+// fallback's).
 std::string GemmVariantName(const GemmArgs& args, std::string_view variant);
 
 }  // namespace gpucompute::kernels
