@@ -693,24 +693,31 @@ TEST(GemmVariant, RowsOfCOff16BytesTakeOursWhereTmaReadsAAndB) {
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");  // C on 16 bytes
   s.c_aligned = false;
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
-  s.beta = true;
-  s.c_bytes = 4;
-  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
   s.m = 1;  // one row: cuBLAS's GEMV
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.m = 737;
+  s.beta = true;  // C read, and fp32: 2 K over 4 bytes must reach 256
+  s.c_bytes = 4;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.k = 512;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.beta = false;
+  s.c_bytes = 2;
+  s.m = 2048;
+  s.n = 14725;
+  s.k = 32;  // 16-bit C under 2^30: 2 K over 2 bytes must reach 128
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.k = 128;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
   s.m = 64;
   s.n = 106;
   s.k = 792;  // under 2^24 multiply-adds: the vendor
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
   s.batch = 4;  // a batch of them: 2^24 and more
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
-  s.batch = 1;
-  s.m = 737;
-  s.n = 11635;
-  s.k = 256;
   s.aligned = false;  // A or B copied first: the packed rule decides
   s.tma_ok = false;
-  s.copy_bytes = 2.0 * 737 * 256;
+  s.copy_bytes = 2.0 * 4 * 64 * 792;
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
   s = kernels::GemmShape{};
   s.ab = DType::kF32;
@@ -732,22 +739,6 @@ TEST(GemmVariant, RowsOfCOff16BytesTakeOursWhereTmaReadsAAndB) {
   s.c_aligned = false;
   s.m = s.n = s.k = 999;
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
-}
-
-// The same rule through the dispatcher, which counts the bytes to copy.
-TEST(GemmVariant, TheDispatcherCountsTheBytesToCopy) {
-  GC_REQUIRE_GPU();  // the dispatcher resolves against the device present
-  GemmArgs a = SmallArgs();
-  a.m = a.n = a.k = 999;
-  a.lda = a.ldb = a.ldc = 999;  // rows of 1998 bytes: TMA cannot read them
-  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
-  a.k = 123;
-  a.lda = 123;
-  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
-  a.k = 999;
-  a.lda = 1000;  // A's rows on 16 bytes, B's not: B copied, 1000 FLOPs a byte
-  a.m = 1000;
-  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
 }
 
 TEST(GemmVariant, BothVendorFallbacksAreListedByName) {

@@ -33,7 +33,7 @@
 // and C cost (below), and the fallback's batches sharing an operand to one
 // batched call (gemm_vendor.cc). Their forced times also found a class the
 // list had no case of: C's rows off 16 bytes with A and B as TMA reads them,
-// where wgmma_splitk runs 1.6x faster than the fallback (below). Run 28
+// where wgmma_splitk runs 1.8x faster than the fallback (below). Run 28
 // forced cublasGemmStridedBatchedEx itself ("cublas") through the same path:
 // no class ahead of cuBLASLt (list geomean 0.987 against 0.997), so the
 // default never picks it.
@@ -122,17 +122,21 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // A and B as TMA reads them, C's rows off 16 bytes (N not a multiple of 8
   // in 16-bit, of 4 in fp32): cuBLAS(Lt) slows down there, ours writes such
   // rows from the fragments. wgmma_splitk against the fallback, same run
-  // (H100, sweep-gemm.md runs 25-29, 55 shapes of the list and --random):
-  // 1.46x geomean, 46 ahead (737x11635x256 NT 77.2 -> 18.5 us, 16*256x943x512
+  // (H100, sweep-gemm.md runs 25-30, 81 shapes of the list and --random):
+  // 1.47x geomean, 66 ahead (737x11635x256 NT 77.2 -> 18.5 us, 16*256x943x512
   // NT 46.4 -> 11.3, 6753x5542x512 NT f16 178 -> 93, 4x1853x4096 NT tf32 18.7
-  // -> 10.6, with fp32 C or beta too). Of the 8 behind, 6 are under 2^24
-  // batch * M * N * K (268x314x32 NT tf32 with beta 3.4 against 9.5 us,
-  // 64x106x792 NT 4.4 against 6.4); from 2^24 up 47 shapes, 1.62x, 44 ahead,
-  // 2 behind: 2048x14725x32 NT 0.80x, 11742x1902x128 NT tf32 0.84x. Left
-  // out: one row or column (cuBLAS's GEMV), and tf32 NN with beta (run as
-  // C^T, read element by element: below).
+  // -> 10.6), 14 behind: under 2^24 batch * M * N * K (268x314x32 NT tf32
+  // with beta 3.4 against 9.5 us, 64x106x792 NT 4.4 against 6.4), and where
+  // C costs more than the product, by C's criterion of wgmma_packed above
+  // (8192x13337x64 NT tf32 with beta 470 against 1205 us, 1708x5811x128 NT
+  // bf16 -> fp32 47.8 against 86.8, 2048x14725x32 NT 0.80x). With both: 60
+  // shapes, 1.78x, all ahead (the least 1.03x); left out 3 that were ahead
+  // (2350x2739x112 NT 1.89x, 1747x4019x32 NT 1.21x). Run 31, 15 seeds no
+  // rule was set from: the 15 shapes it takes 1.56x, the least 1.01x. Left
+  // out too: one row or column (cuBLAS's GEMV), and tf32 NN with beta (run
+  // as C^T, read element by element: below).
   const bool tf32_nn = s.tf32 && !s.trans_a && !s.trans_b;
-  if (tensor_cores && s.tma_ok && s.aligned && !s.c_aligned && thin > 1 &&
+  if (tensor_cores && s.tma_ok && s.aligned && !s.c_aligned && thin > 1 && c_pays &&
       volume >= kGemmCOffMinVolume && !(tf32_nn && s.beta))
     return "wgmma_splitk";
   // tf32 with A transposed and B not (TN): cuBLAS's tf32 TN kernels ran
