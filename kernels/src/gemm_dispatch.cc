@@ -40,12 +40,7 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
   s.trans_a = args.trans_a;
   s.trans_b = args.trans_b;
   s.tma_ok = !UseSimt(args, "") && CanImplementGemmTc(args, "wgmma_persistent");
-  const int64_t es = static_cast<int64_t>(DTypeSize(args.ab_type));
-  auto rows16 = [&](const void* p, int64_t ld, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * es) % 16 == 0 &&
-           (args.batch <= 1 || (stride * es) % 16 == 0);
-  };
-  s.aligned = rows16(args.a, args.lda, args.stride_a) && rows16(args.b, args.ldb, args.stride_b);
+  s.aligned = GemmTcAddressable(args);
   s.copy_bytes = UseSimt(args, "") ? 0.0 : double(GemmTcPackedCopyBytes(args));
   s.c_bytes = static_cast<int>(DTypeSize(args.c_type));
   s.c_aligned = GemmCAligned(args, 16);

@@ -843,6 +843,11 @@ size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant) {
   return GemmTcPackedCopyBytes(args) + partials(PackedLayout(args), Rung::kWgmmaSplitK);
 }
 
+bool GemmTcAddressable(const GemmArgs& args) {
+  const size_t es = DTypeSize(args.ab_type);
+  return Addressable(OperandA(args), es) && Addressable(OperandB(args), es);
+}
+
 size_t GemmTcPackedCopyBytes(const GemmArgs& args) {
   if (!CanImplementGemmTc(args, "wgmma_packed") || args.m == 0 || args.n == 0 || args.batch == 0)
     return 0;

@@ -71,6 +71,9 @@ cudaError_t LaunchGemmSimt(const GemmArgs& args, std::string_view variant, void*
 const std::vector<std::string>& GemmTcVariants();
 Support CanImplementGemmTc(const GemmArgs& args, std::string_view variant);
 size_t GemmTcWorkspaceBytes(const GemmArgs& args, std::string_view variant);
+// True when TMA can address A and B as they lie: bases, rows and batch
+// strides (of operands not shared by the batch) on 16 bytes.
+bool GemmTcAddressable(const GemmArgs& args);
 // Bytes of A and B that wgmma_packed copies K-major before its kernel (the
 // operands TMA cannot address and, in tf32, those wgmma cannot read as they
 // lie); 0 where it copies nothing.
