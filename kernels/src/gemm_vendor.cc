@@ -55,6 +55,12 @@ cudaDataType_t CudaType(DType t) {
   }
 }
 
+// fp32 accumulation; tf32 inputs where fp32 ones may run on the tensor cores.
+bool Tf32(const GemmArgs& a) { return a.ab_type == DType::kF32 && a.allow_tf32; }
+cublasComputeType_t ComputeType(bool tf32) {
+  return tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
 // Largest power of two up to 256 that divides the address of every batch
 // entry: the base and, with more than one entry, the stride in bytes.
 uint32_t Alignment(const void* p, int64_t batch, int64_t stride_bytes) {
@@ -153,8 +159,9 @@ bool MakeLayout(cublasLtMatrixLayout_t* layout, DType t, int64_t rows, int64_t c
 // algorithm for it.
 void Build(const Key& key, cublasLtHandle_t handle, Plan* plan) {
   const DType ab = static_cast<DType>(key.ab), ct = static_cast<DType>(key.c);
-  const cublasComputeType_t compute = key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  if (cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return;
+  if (cublasLtMatmulDescCreate(&plan->op, ComputeType(key.tf32), CUDA_R_32F) !=
+      CUBLAS_STATUS_SUCCESS)
+    return;
   // cuBLASLt's first operand is B, its second A (see the file comment).
   const cublasOperation_t op_x = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_y = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -292,7 +299,7 @@ Route MakeRoute(const GemmArgs& a, bool with_workspace, bool broadcast = true) {
   k.c = static_cast<int>(a.c_type);
   k.trans_a = a.trans_a;
   k.trans_b = a.trans_b;
-  k.tf32 = a.ab_type == DType::kF32 && a.allow_tf32;
+  k.tf32 = Tf32(a);
   const int64_t es = static_cast<int64_t>(DTypeSize(a.ab_type));
   const int64_t ec = static_cast<int64_t>(DTypeSize(a.c_type));
   k.align_a = Alignment(a.a, a.batch, a.stride_a * es);
@@ -375,15 +382,13 @@ cudaError_t LaunchCublas(const GemmArgs& a, void* workspace, cudaStream_t stream
   cublasStatus_t s = SetCublasWorkspace(h, workspace);
   if (s != CUBLAS_STATUS_SUCCESS) return ToCuda(s);
   if (const cudaError_t e = CopyAddendIntoC(a, stream); e != cudaSuccess) return e;
-  const bool tf32 = a.ab_type == DType::kF32 && a.allow_tf32;
-  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const float alpha = a.alpha, beta = a.beta;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B first.
   s = cublasGemmStridedBatchedEx(
       h, a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(a.n),
       int(a.m), int(a.k), &alpha, a.b, CudaType(a.ab_type), int(a.ldb), a.stride_b, a.a,
       CudaType(a.ab_type), int(a.lda), a.stride_a, &beta, a.c, CudaType(a.c_type), int(a.ldc),
-      a.stride_c, int(a.batch), compute, CUBLAS_GEMM_DEFAULT);
+      a.stride_c, int(a.batch), ComputeType(Tf32(a)), CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS) return ToCuda(s);
   return cudaGetLastError();
 }
