@@ -250,26 +250,50 @@ int DecodeBlocksPerSm() {
   return n;
 }
 
-template <typename T>
-int DecodeBlocksPerSmOf(int kd, int warps) {
+// Calls f(std::integral_constant<int, kD>()) for a tile width kd (32 to 256,
+// a multiple of 32) and returns what it returns.
+template <typename F>
+auto WithTileWidth(int kd, F&& f) {
   switch (kd) {
     case 32:
-      return DecodeBlocksPerSm<T, 32, 4>();
+      return f(std::integral_constant<int, 32>());
     case 64:
-      return DecodeBlocksPerSm<T, 64, 4>();
+      return f(std::integral_constant<int, 64>());
     case 96:
-      return DecodeBlocksPerSm<T, 96, 4>();
+      return f(std::integral_constant<int, 96>());
     case 128:
-      return DecodeBlocksPerSm<T, 128, 4>();
+      return f(std::integral_constant<int, 128>());
     case 160:
-      return DecodeBlocksPerSm<T, 160, 4>();
+      return f(std::integral_constant<int, 160>());
     case 192:
-      return DecodeBlocksPerSm<T, 192, 4>();
+      return f(std::integral_constant<int, 192>());
     case 224:
-      return warps == 2 ? DecodeBlocksPerSm<T, 224, 2>() : DecodeBlocksPerSm<T, 224, 4>();
+      return f(std::integral_constant<int, 224>());
     default:
-      return warps == 2 ? DecodeBlocksPerSm<T, 256, 2>() : DecodeBlocksPerSm<T, 256, 4>();
+      return f(std::integral_constant<int, 256>());
   }
+}
+
+// Calls f(DecodeTile<kD, kWarps>()) for the decode tile kd wide with `warps`
+// warps (two only from 224 columns on, as DecodeWarps chooses; else four) and
+// returns what it returns: the one place a decode plan becomes a tile type.
+template <typename F>
+auto WithDecodeTile(int kd, int warps, F&& f) {
+  return WithTileWidth(kd, [&](auto w) {
+    constexpr int kD = decltype(w)::value;
+    if constexpr (kD >= 224) {
+      if (warps == 2) return f(DecodeTile<kD, 2>());
+    }
+    return f(DecodeTile<kD, 4>());
+  });
+}
+
+template <typename T>
+int DecodeBlocksPerSmOf(int kd, int warps) {
+  return WithDecodeTile(kd, warps, [](auto tile) {
+    using Tile = decltype(tile);
+    return DecodeBlocksPerSm<T, Tile::kD, Tile::kWarps>();
+  });
 }
 
 // Resident blocks per SM of the decode tile kd wide with `warps` warps.
@@ -332,30 +356,6 @@ MmaPlan PlanMma(const AttentionArgs& a) {
       pl.split_len = 0;
   }
   return pl;
-}
-
-// Calls f(std::integral_constant<int, kD>()) for a tile width kd (32 to 256,
-// a multiple of 32).
-template <typename F>
-void WithTileWidth(int kd, F&& f) {
-  switch (kd) {
-    case 32:
-      return f(std::integral_constant<int, 32>());
-    case 64:
-      return f(std::integral_constant<int, 64>());
-    case 96:
-      return f(std::integral_constant<int, 96>());
-    case 128:
-      return f(std::integral_constant<int, 128>());
-    case 160:
-      return f(std::integral_constant<int, 160>());
-    case 192:
-      return f(std::integral_constant<int, 192>());
-    case 224:
-      return f(std::integral_constant<int, 224>());
-    default:
-      return f(std::integral_constant<int, 256>());
-  }
 }
 
 // Merges the key splits of p (their partials kd wide) into O and the LSE: a
@@ -432,26 +432,9 @@ template <typename T>
 cudaError_t LaunchMma(const AttnParams& p, const MmaPlan& pl, cudaStream_t stream) {
   const int kd = pl.kd;
   if (pl.decode) {
-    switch (kd) {
-      case 32:
-        return LaunchMmaTile<T, DecodeTile<32>, true>(p, pl, stream);
-      case 64:
-        return LaunchMmaTile<T, DecodeTile<64>, true>(p, pl, stream);
-      case 96:
-        return LaunchMmaTile<T, DecodeTile<96>, true>(p, pl, stream);
-      case 128:
-        return LaunchMmaTile<T, DecodeTile<128>, true>(p, pl, stream);
-      case 160:
-        return LaunchMmaTile<T, DecodeTile<160>, true>(p, pl, stream);
-      case 192:
-        return LaunchMmaTile<T, DecodeTile<192>, true>(p, pl, stream);
-      case 224:
-        return pl.decode_warps == 2 ? LaunchMmaTile<T, DecodeTile<224, 2>, true>(p, pl, stream)
-                                    : LaunchMmaTile<T, DecodeTile<224, 4>, true>(p, pl, stream);
-      default:
-        return pl.decode_warps == 2 ? LaunchMmaTile<T, DecodeTile<256, 2>, true>(p, pl, stream)
-                                    : LaunchMmaTile<T, DecodeTile<256, 4>, true>(p, pl, stream);
-    }
+    return WithDecodeTile(kd, pl.decode_warps, [&](auto tile) {
+      return LaunchMmaTile<T, decltype(tile), true>(p, pl, stream);
+    });
   }
   if (kd == 64) {
     return pl.small ? LaunchMmaTile<T, MmaTile<64, 1, 64>>(p, pl, stream)
