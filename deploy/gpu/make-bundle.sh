@@ -28,6 +28,7 @@ cp build/h200/server/gpucompute-server build/h200/client/gpucompute \
    build/h200/tests/sweep/gc_sweep_gemm build/h200/tests/sweep/gc_sweep_attention \
    build/h200/tests/sweep/gc_bench_device_path \
    tests/sweep/torch_vendor.py tests/sweep/gemm_table.py tests/sweep/attention_vendor.py \
+   tests/sweep/compare_builds.py \
    build/h200/tests/kernels/kernels_attention_test build/h200/tests/kernels/kernels_gemv_test \
    build/h200/tests/kernels/kernels_reduce_test build/h200/tests/kernels/kernels_transpose_test \
    build/h200/tests/kernels/kernels_gemm_tc_test build/h200/tests/kernels/kernels_gemm_simt_test "$out/bin/"

@@ -13,7 +13,10 @@
 # --filter=decode, --no-variants; --random=60 for 60 random shapes of its
 # classes instead of its list, the seed in the command), VENDOR_ARGS to
 # attention_vendor.py; COOLDOWN_MS=N to both (the GPU idles N ms before each
-# timing).
+# timing). BASE_BIN=PATH names a second build's gc_sweep_attention (a change's
+# base): it runs the same cases right after ours (sweep-attention-base.json),
+# and compare_builds.py sets the two side by side against the same vendor
+# times (sweep-attention-compared.json, compare.txt, printed last).
 set -u
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpucompute-sweep}
@@ -35,9 +38,20 @@ cooldown=${COOLDOWN_MS:+--cooldown_ms=$COOLDOWN_MS}
   >"$OUT/sweep-attention.txt" 2>"$OUT/sweep-attention.err" || status=1
 grep -E 'WRONG|error|INVALID|INTERNAL' "$OUT/sweep-attention.err" | head -20
 tail -1 "$OUT/sweep-attention.txt"
+if [ -n "${BASE_BIN:-}" ]; then
+  "$BASE_BIN" --json="$OUT/sweep-attention-base.json" $cooldown ${SWEEP_ARGS:-} \
+    >"$OUT/sweep-attention-base.txt" 2>"$OUT/sweep-attention-base.err" || status=1
+  grep -E 'WRONG|error|INVALID|INTERNAL' "$OUT/sweep-attention-base.err" | head -20
+fi
 python3 "$bundle/bin/attention_vendor.py" "$OUT/sweep-attention.json" \
   --out "$OUT/sweep-attention-merged.json" --md "$OUT/sweep-attention.md" $cooldown ${VENDOR_ARGS:-} \
   >"$OUT/summary.txt" 2>"$OUT/vendor.err" || status=1
 tail -5 "$OUT/vendor.err"
 cat "$OUT/summary.txt"
+if [ -n "${BASE_BIN:-}" ]; then
+  python3 "$bundle/bin/compare_builds.py" "$OUT/sweep-attention-merged.json" \
+    "$OUT/sweep-attention-base.json" --out "$OUT/sweep-attention-compared.json" \
+    >"$OUT/compare.txt" 2>&1 || status=1
+  cat "$OUT/compare.txt"
+fi
 exit $status
