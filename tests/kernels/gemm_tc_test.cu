@@ -752,6 +752,22 @@ TEST(GemmVariant, BothVendorFallbacksAreListedByName) {
   EXPECT_FALSE(kernels::CanImplementGemmVendor(SmallArgs(), "cublasxt"));
 }
 
+// The same rules through the dispatcher, which counts the bytes to copy ...
+TEST(GemmVariant, TheDispatcherCountsTheBytesToCopy) {
+  GC_REQUIRE_GPU();  // the dispatcher resolves against the device present
+  GemmArgs a = SmallArgs();
+  a.m = a.n = a.k = 999;
+  a.lda = a.ldb = a.ldc = 999;  // rows of 1998 bytes: TMA cannot read them
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+  a.k = 123;
+  a.lda = 123;
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  a.k = 999;
+  a.lda = 1000;  // A's rows on 16 bytes, B's not: B copied, 1000 FLOPs a byte
+  a.m = 1000;
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+}
+
 // ... and C's rows: off 16 bytes with A and B as TMA reads them, ours.
 TEST(GemmVariant, TheDispatcherSeesWhereCsRowsLie) {
   GC_REQUIRE_GPU();
