@@ -274,6 +274,22 @@ auto WithTileWidth(int kd, F&& f) {
   }
 }
 
+// Calls f(std::integral_constant<int, kD>()) for one of flash_wgmma's tile
+// widths kd (64, 128, 192 or 256) and returns what it returns.
+template <typename F>
+auto WithWgmmaTileWidth(int kd, F&& f) {
+  switch (kd) {
+    case 64:
+      return f(std::integral_constant<int, 64>());
+    case 128:
+      return f(std::integral_constant<int, 128>());
+    case 192:
+      return f(std::integral_constant<int, 192>());
+    default:
+      return f(std::integral_constant<int, 256>());
+  }
+}
+
 // Calls f(DecodeTile<kD, kWarps>()) for the decode tile kd wide with `warps`
 // warps (two only from 224 columns on, as DecodeWarps chooses; else four) and
 // returns what it returns: the one place a decode plan becomes a tile type.
@@ -388,24 +404,14 @@ void LaunchCombineTail(const AttnParams& p, const TailSplit& t, int kd, int br,
   constexpr int kRowsPerBlock = kCombineThreads / 32;
   const bool warp = t.pieces <= kWarpMergeMax && MergeByWarps(rows, SmCount());
   const unsigned blocks = unsigned(warp ? (rows + kRowsPerBlock - 1) / kRowsPerBlock : rows);
-  auto launch = [&](auto w) {
+  WithWgmmaTileWidth(kd, [&](auto w) {
     constexpr int kD = decltype(w)::value;
     if (warp) {
       CombineTailKernel<T, kD, true><<<blocks, kCombineThreads, 0, stream>>>(p, t, br, rows);
     } else {
       CombineTailKernel<T, kD, false><<<blocks, kCombineThreads, 0, stream>>>(p, t, br, rows);
     }
-  };
-  switch (kd) {
-    case 64:
-      return launch(std::integral_constant<int, 64>());
-    case 128:
-      return launch(std::integral_constant<int, 128>());
-    case 192:
-      return launch(std::integral_constant<int, 192>());
-    default:
-      return launch(std::integral_constant<int, 256>());
-  }
+  });
 }
 
 template <typename T, typename Tile, bool kDecode = false>
