@@ -317,6 +317,13 @@ struct DecodeTile {
   static constexpr int kStages = kD == 32 ? 3 : 2;
   static constexpr int kChunks = kD / 8;
   static constexpr int kDT = kD / 8;
+  // K and V tiles are copied by rows of kLanes threads (the power of two at
+  // or above kChunks; those past kChunks idle), kRowsPerPass rows a pass: each
+  // thread keeps one chunk column, so that a copy costs an add and a compare
+  // instead of a division by kChunks (28 at D 224, where the copies' address
+  // arithmetic was two thirds of a two-warp block's instructions).
+  static constexpr int kLanes = kChunks <= 4 ? 4 : (kChunks <= 8 ? 8 : (kChunks <= 16 ? 16 : 32));
+  static constexpr int kRowsPerPass = kThreads / kLanes;
   // sQ (kBr, kD) + sK, sV (kStages, kBc, kD), 16-bit; the fp32 merge area
   // (kWarps, kBr, kD) reuses the K/V ring after the loop.
   static constexpr size_t kSmemBytes = size_t(kBr + 2 * kStages * kBc) * kD * 2;
@@ -324,7 +331,7 @@ struct DecodeTile {
   static_assert(size_t(kWarps) * kBr * kD * 4 + 2 * kWarps * kBr * 4 <=
                     size_t(2 * kStages * kBc) * kD * 2,
                 "merge area fits in the K/V ring");
-  static_assert((kBc * kChunks) % kThreads == 0, "tile loads split evenly");
+  static_assert(kBc % kRowsPerPass == 0, "tile copies split evenly");
 };
 
 template <typename T, int kD, int kWarps>
@@ -379,19 +386,27 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
   // attention.md, run 24). The L2::256B prefetch hint on these copies was
   // 4-9% slower (run 24), a third ring stage (two blocks per SM at D128)
   // 3-7% slower (run 25).
+  const int my_chunk = tid % Tile::kLanes, my_row = tid / Tile::kLanes;
+  const bool chunk_in_d = my_chunk < dchunks;
   auto load_kv = [&](int blk, int stage) {
+    if (my_chunk >= kChunks) return;
     const int n0 = key_begin + blk * kBc;
+    const int rows = p.seq_kv - n0;  // keys left from n0
     M* dk = sK + stage * kBc * kD;
     M* dv = sV + stage * kBc * kD;
-    for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
-      const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
-      const bool ok = key < p.seq_kv && chunk < dchunks;
-      LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * d : nullptr, p.k);
+    const T* kb = k + int64_t(n0) * d;
+    const T* vb = v + int64_t(n0) * d;
+#pragma unroll
+    for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
+      const int row = my_row + i * Tile::kRowsPerPass;
+      const bool ok = chunk_in_d && row < rows;
+      LoadChunk<T, M, kD>(dk, row, my_chunk, ok ? kb + row * d : nullptr, p.k);
     }
-    for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
-      const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
-      const bool ok = key < p.seq_kv && chunk < dchunks;
-      LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * d : nullptr, p.v);
+#pragma unroll
+    for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
+      const int row = my_row + i * Tile::kRowsPerPass;
+      const bool ok = chunk_in_d && row < rows;
+      LoadChunk<T, M, kD>(dv, row, my_chunk, ok ? vb + row * d : nullptr, p.v);
     }
   };
   // Q and the first kStages - 1 tiles, one commit group each (Q with the
@@ -442,12 +457,16 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
       MaskBlock<2>(s, row_i, n0 + 2 * t, p.seq_kv, p.causal, p.causal_off);
     float alpha[2];
     OnlineSoftmax<2>(s, m, l, alpha, p.scale_log2);
+    // O keeps its scale while no row of the warp found a new maximum (most
+    // key tiles of a long cache): alpha is then exactly 2^0 = 1.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < kDT; ++j) {
-      o[j][0] *= alpha[0];
-      o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1];
-      o[j][3] *= alpha[1];
+      for (int j = 0; j < kDT; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+      }
     }
     uint32_t a[4];
     a[0] = PackPair<M>(s[0][0], s[0][1]);
