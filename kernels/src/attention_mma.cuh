@@ -389,24 +389,40 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
   const int my_chunk = tid % Tile::kLanes, my_row = tid / Tile::kLanes;
   const bool chunk_in_d = my_chunk < dchunks;
   auto load_kv = [&](int blk, int stage) {
-    if (my_chunk >= kChunks) return;
     const int n0 = key_begin + blk * kBc;
-    const int rows = p.seq_kv - n0;  // keys left from n0
     M* dk = sK + stage * kBc * kD;
     M* dv = sV + stage * kBc * kD;
-    const T* kb = k + int64_t(n0) * d;
-    const T* vb = v + int64_t(n0) * d;
+    if constexpr (sizeof(T) == 2) {
+      if (my_chunk >= kChunks) return;
+      const int rows = p.seq_kv - n0;  // keys left from n0
+      const T* kb = k + int64_t(n0) * d;
+      const T* vb = v + int64_t(n0) * d;
 #pragma unroll
-    for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
-      const int row = my_row + i * Tile::kRowsPerPass;
-      const bool ok = chunk_in_d && row < rows;
-      LoadChunk<T, M, kD>(dk, row, my_chunk, ok ? kb + row * d : nullptr, p.k);
-    }
+      for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
+        const int row = my_row + i * Tile::kRowsPerPass;
+        const bool ok = chunk_in_d && row < rows;
+        LoadChunk<T, M, kD>(dk, row, my_chunk, ok ? kb + row * d : nullptr, p.k);
+      }
 #pragma unroll
-    for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
-      const int row = my_row + i * Tile::kRowsPerPass;
-      const bool ok = chunk_in_d && row < rows;
-      LoadChunk<T, M, kD>(dv, row, my_chunk, ok ? vb + row * d : nullptr, p.v);
+      for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
+        const int row = my_row + i * Tile::kRowsPerPass;
+        const bool ok = chunk_in_d && row < rows;
+        LoadChunk<T, M, kD>(dv, row, my_chunk, ok ? vb + row * d : nullptr, p.v);
+      }
+    } else {
+      // fp32 inputs are loaded and rounded by the threads themselves: the
+      // unrolled passes above would hold every pass's loads in registers
+      // (255 and spills from 224 columns on).
+      for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
+        const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
+        const bool ok = key < p.seq_kv && chunk < dchunks;
+        LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * d : nullptr, p.k);
+      }
+      for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
+        const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
+        const bool ok = key < p.seq_kv && chunk < dchunks;
+        LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * d : nullptr, p.v);
+      }
     }
   };
   // Q and the first kStages - 1 tiles, one commit group each (Q with the
