@@ -53,7 +53,7 @@ struct GemmShape {
   DType ab = DType::kF32;
   bool tf32 = false;  // fp32 inputs on the tensor cores
   bool trans_a = false, trans_b = false;
-  bool tma_ok = false;    // A and B as TMA takes them (the wgmma rungs run)
+  bool tma_ok = false;    // A and B as TMA takes them (the wgmma rungs run; implies aligned)
   bool aligned = true;    // A's and B's bases, rows and batch strides on 16 bytes
   bool vendor_ok = true;  // the cuBLASLt fallback takes these arguments
   bool beta = false;      // C is read (beta != 0)
@@ -136,7 +136,7 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // out too: one row or column (cuBLAS's GEMV), and tf32 NN with beta (run
   // as C^T, read element by element: below).
   const bool tf32_nn = s.tf32 && !s.trans_a && !s.trans_b;
-  if (tensor_cores && s.tma_ok && s.aligned && !s.c_aligned && thin > 1 && c_pays &&
+  if (tensor_cores && s.tma_ok && !s.c_aligned && thin > 1 && c_pays &&
       volume >= kGemmCOffMinVolume && !(tf32_nn && s.beta))
     return "wgmma_splitk";
   // tf32 with A transposed and B not (TN): cuBLAS's tf32 TN kernels ran
