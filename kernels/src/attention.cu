@@ -234,11 +234,10 @@ struct MmaPlan {
 
 // Resident decode blocks per SM (shared memory or registers bound them),
 // asked once per tile.
-template <typename T, int kD, int kWarps>
+template <typename T, typename Tile>
 int DecodeBlocksPerSm() {
   static const int n = [] {
-    using Tile = DecodeTile<kD, kWarps>;
-    auto kernel = FlashMmaDecodeKernel<T, kD, kWarps>;
+    auto kernel = FlashMmaDecodeKernel<T, Tile>;
     int blocks = 0;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(Tile::kSmemBytes)) != cudaSuccess ||
@@ -290,15 +289,21 @@ auto WithWgmmaTileWidth(int kd, F&& f) {
   }
 }
 
-// Calls f(DecodeTile<kD, kWarps>()) for the decode tile kd wide with `warps`
-// warps (two only from 224 columns on, as DecodeWarps chooses; else four) and
+// Calls f(DecodeTile<...>()) for the decode tile kd wide with `warps` warps
+// (two only from 224 columns on, as DecodeWarps chooses; else four) and
 // returns what it returns: the one place a decode plan becomes a tile type.
+// Two-warp tiles keep one K and one V buffer (DecodeTile's kStages 1): 35-40
+// KiB instead of 63-72, four blocks per SM (bound by registers) instead of
+// three (by shared memory); 0.89-0.98x the time of the two-stage ring on the
+// rows DecodeWarps gives two warps (sweep-attention.md, run 42). Four-warp
+// tiles keep their ring: one stage there was 1.11-1.16x the time on grids of
+// 1-12 kv heads (two blocks per SM instead of one: twice the key splits).
 template <typename F>
 auto WithDecodeTile(int kd, int warps, F&& f) {
   return WithTileWidth(kd, [&](auto w) {
     constexpr int kD = decltype(w)::value;
     if constexpr (kD >= 224) {
-      if (warps == 2) return f(DecodeTile<kD, 2>());
+      if (warps == 2) return f(DecodeTile<kD, 2, 1>());
     }
     return f(DecodeTile<kD, 4>());
   });
@@ -308,7 +313,7 @@ template <typename T>
 int DecodeBlocksPerSmOf(int kd, int warps) {
   return WithDecodeTile(kd, warps, [](auto tile) {
     using Tile = decltype(tile);
-    return DecodeBlocksPerSm<T, Tile::kD, Tile::kWarps>();
+    return DecodeBlocksPerSm<T, Tile>();
   });
 }
 
@@ -418,7 +423,7 @@ template <typename T, typename Tile, bool kDecode = false>
 cudaError_t LaunchMmaTile(const AttnParams& p, const MmaPlan& pl, cudaStream_t stream) {
   void (*kernel)(const AttnParams);
   if constexpr (kDecode) {
-    kernel = FlashMmaDecodeKernel<T, Tile::kD, Tile::kWarps>;
+    kernel = FlashMmaDecodeKernel<T, Tile>;
   } else {
     kernel = FlashMmaKernel<T, Tile>;
   }

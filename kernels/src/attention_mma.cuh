@@ -303,10 +303,12 @@ __global__ void __launch_bounds__(Tile::kThreads)
 // the speed of a 160- or 192-wide one, run 35). From 224 columns on, four
 // warps on 64-key tiles fit one block per SM (four warps; 1.3-1.8 TB/s on an
 // H100 on large caches, 0.50-0.63x cuDNN, run 35); two warps on 32-key tiles
-// fit three (six warps). The heuristics choose (DecodeWarps). At D <= 32 a
+// with one K and one V buffer (kStages 1) fit four (eight warps, bound by
+// registers; with a two-stage ring three, run 42). The heuristics choose
+// (DecodeWarps; WithDecodeTile in attention.cu the stages). At D <= 32 a
 // stage is small (8 KB) and the registers, not shared memory, bound the
 // blocks per SM: the ring there has a third stage, two of them on their way.
-template <int kD_, int kWarps_ = 4>
+template <int kD_, int kWarps_ = 4, int kStages_ = (kD_ == 32 ? 3 : 2)>
 struct DecodeTile {
   static constexpr int kD = kD_;
   static constexpr int kWarps = kWarps_;
@@ -314,7 +316,11 @@ struct DecodeTile {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBr = 16;                   // query rows (BLOCK_M)
   static constexpr int kBc = 16 * kWarps;          // keys per tile (BLOCK_N), 16 per warp
-  static constexpr int kStages = kD == 32 ? 3 : 2;
+  // 1: one K and one V buffer, V's copy issued behind the barrier that frees
+  // it and K's next behind the one after Q K^T (FlashAttention-2's order);
+  // 2 or 3: a ring of whole K/V tiles, kStages - 1 on their way.
+  static constexpr int kStages = kStages_;
+  static_assert(kStages >= 1 && kStages <= 3, "one to three stages");
   static constexpr int kChunks = kD / 8;
   static constexpr int kDT = kD / 8;
   // K and V tiles are copied by rows of kLanes threads (the power of two at
@@ -325,22 +331,19 @@ struct DecodeTile {
   static constexpr int kLanes = kChunks <= 4 ? 4 : (kChunks <= 8 ? 8 : (kChunks <= 16 ? 16 : 32));
   static constexpr int kRowsPerPass = kThreads / kLanes;
   // sQ (kBr, kD) + sK, sV (kStages, kBc, kD), 16-bit; the fp32 merge area
-  // (kWarps, kBr, kD) reuses the K/V ring after the loop.
+  // (kWarps, kBr, kD) reuses all of it after the loop.
   static constexpr size_t kSmemBytes = size_t(kBr + 2 * kStages * kBc) * kD * 2;
   static_assert(kD % 32 == 0 && kD >= 32 && kD <= 256, "32 to 256 columns, a multiple of 32");
-  static_assert(size_t(kWarps) * kBr * kD * 4 + 2 * kWarps * kBr * 4 <=
-                    size_t(2 * kStages * kBc) * kD * 2,
-                "merge area fits in the K/V ring");
+  static_assert(size_t(kWarps) * kBr * kD * 4 + 2 * kWarps * kBr * 4 <= kSmemBytes,
+                "merge area fits in the tile's shared memory");
   static_assert(kBc % kRowsPerPass == 0, "tile copies split evenly");
 };
 
-template <typename T, int kD, int kWarps>
-__global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
-    FlashMmaDecodeKernel(const AttnParams p) {
-  using Tile = DecodeTile<kD, kWarps>;
+template <typename T, typename Tile>
+__global__ void __launch_bounds__(Tile::kThreads) FlashMmaDecodeKernel(const AttnParams p) {
   using M = typename MmaType<T>::type;
-  constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kDT = Tile::kDT, kChunks = Tile::kChunks;
-  constexpr int kStages = Tile::kStages;
+  constexpr int kD = Tile::kD, kBr = Tile::kBr, kBc = Tile::kBc, kDT = Tile::kDT;
+  constexpr int kChunks = Tile::kChunks, kStages = Tile::kStages;
   extern __shared__ uint4 smem_raw[];
   M* sQ = reinterpret_cast<M*>(smem_raw);
   M* sK = sQ + kBr * kD;
@@ -388,26 +391,20 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
   // 3-7% slower (run 25).
   const int my_chunk = tid % Tile::kLanes, my_row = tid / Tile::kLanes;
   const bool chunk_in_d = my_chunk < dchunks;
-  auto load_kv = [&](int blk, int stage) {
+  // Tile blk of K or V (src; `fill` for LoadChunk's zero fill) into stage
+  // `stage` of its ring.
+  auto load_rows = [&](const T* src, const void* fill, M* ring, int blk, int stage) {
     const int n0 = key_begin + blk * kBc;
-    M* dk = sK + stage * kBc * kD;
-    M* dv = sV + stage * kBc * kD;
+    M* dst = ring + stage * kBc * kD;
     if constexpr (sizeof(T) == 2) {
       if (my_chunk >= kChunks) return;
       const int rows = p.seq_kv - n0;  // keys left from n0
-      const T* kb = k + int64_t(n0) * d;
-      const T* vb = v + int64_t(n0) * d;
+      const T* base = src + int64_t(n0) * d;
 #pragma unroll
       for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
         const int row = my_row + i * Tile::kRowsPerPass;
         const bool ok = chunk_in_d && row < rows;
-        LoadChunk<T, M, kD>(dk, row, my_chunk, ok ? kb + row * d : nullptr, p.k);
-      }
-#pragma unroll
-      for (int i = 0; i < kBc / Tile::kRowsPerPass; ++i) {
-        const int row = my_row + i * Tile::kRowsPerPass;
-        const bool ok = chunk_in_d && row < rows;
-        LoadChunk<T, M, kD>(dv, row, my_chunk, ok ? vb + row * d : nullptr, p.v);
+        LoadChunk<T, M, kD>(dst, row, my_chunk, ok ? base + row * d : nullptr, fill);
       }
     } else {
       // fp32 inputs are loaded and rounded by the threads themselves: the
@@ -416,20 +413,25 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
       for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
         const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
         const bool ok = key < p.seq_kv && chunk < dchunks;
-        LoadChunk<T, M, kD>(dk, row, chunk, ok ? k + int64_t(key) * d : nullptr, p.k);
-      }
-      for (int c = tid; c < kBc * kChunks; c += Tile::kThreads) {
-        const int row = c / kChunks, chunk = c % kChunks, key = n0 + row;
-        const bool ok = key < p.seq_kv && chunk < dchunks;
-        LoadChunk<T, M, kD>(dv, row, chunk, ok ? v + int64_t(key) * d : nullptr, p.v);
+        LoadChunk<T, M, kD>(dst, row, chunk, ok ? src + int64_t(key) * d : nullptr, fill);
       }
     }
   };
+  auto load_k = [&](int blk, int stage) { load_rows(k, p.k, sK, blk, stage); };
+  auto load_v = [&](int blk, int stage) { load_rows(v, p.v, sV, blk, stage); };
   // Q and the first kStages - 1 tiles, one commit group each (Q with the
-  // first), so that group blk is tile blk.
+  // first), so that group blk is tile blk; with one stage, Q and K's first
+  // tile (V's tiles are issued in the loop).
+  if constexpr (kStages == 1) {
+    if (nblocks > 0) load_k(0, 0);
+    CpAsyncCommit();
+  }
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < nblocks) load_kv(st, st);
+    if (st < nblocks) {
+      load_k(st, st);
+      load_v(st, st);
+    }
     CpAsyncCommit();
   }
 
@@ -446,12 +448,23 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
 
   for (int blk = 0; blk < nblocks; ++blk) {
     const int stage = blk % kStages;
-    // The stage refilled here was last read in iteration blk - 1, behind the
-    // barrier that ends it.
-    if (blk + kStages - 1 < nblocks) load_kv(blk + kStages - 1, (blk + kStages - 1) % kStages);
-    CpAsyncCommit();
-    CpAsyncWait<kStages - 1>();
-    __syncthreads();
+    if constexpr (kStages == 1) {
+      // K's tile blk is here, and every warp is done with V's last tile.
+      CpAsyncWait<0>();
+      __syncthreads();
+      load_v(blk, 0);
+      CpAsyncCommit();
+    } else {
+      // The stage refilled here was last read in iteration blk - 1, behind
+      // the barrier that ends it.
+      if (blk + kStages - 1 < nblocks) {
+        load_k(blk + kStages - 1, (blk + kStages - 1) % kStages);
+        load_v(blk + kStages - 1, (blk + kStages - 1) % kStages);
+      }
+      CpAsyncCommit();
+      CpAsyncWait<kStages - 1>();
+      __syncthreads();
+    }
     const M* tk = sK + stage * kBc * kD;
     const M* tv = sV + stage * kBc * kD;
 
@@ -467,6 +480,13 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
       LdMatrixX4(SmemAddr(tk + SwzOff<kD>(wk + k_row, 2 * kk + k_chunk)), bf);
       Mma16816<M>(s[0], a, bf[0], bf[1]);
       Mma16816<M>(s[1], a, bf[2], bf[3]);
+    }
+    if constexpr (kStages == 1) {
+      // V's tile blk is here, and every warp is done with K's.
+      CpAsyncWait<0>();
+      __syncthreads();
+      if (blk + 1 < nblocks) load_k(blk + 1, 0);
+      CpAsyncCommit();
     }
     const int n0 = key_begin + blk * kBc + wk;
     if (n0 + 16 > p.seq_kv || p.causal)
@@ -496,14 +516,14 @@ __global__ void __launch_bounds__(DecodeTile<kD, kWarps>::kThreads)
       Mma16816<M>(o[2 * dd], a, bf[0], bf[1]);
       Mma16816<M>(o[2 * dd + 1], a, bf[2], bf[3]);
     }
-    __syncthreads();
+    if constexpr (kStages > 1) __syncthreads();
   }
   CpAsyncWait<0>();
   __syncthreads();
 
-  // Merge the four warps' partial rows: sm_o (kWarps, kBr, kD) unnormalised,
+  // Merge the warps' partial rows: sm_o (kWarps, kBr, kD) unnormalised,
   // sm_m / sm_l (kWarps, kBr).
-  float* sm_o = reinterpret_cast<float*>(sK);
+  float* sm_o = reinterpret_cast<float*>(smem_raw);
   float* sm_m = sm_o + Tile::kWarps * kBr * kD;
   float* sm_l = sm_m + Tile::kWarps * kBr;
 #pragma unroll
