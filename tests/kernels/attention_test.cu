@@ -352,7 +352,7 @@ TEST(AttentionVariant, QueryRowsPerKvHeadPickTheTile) {
 // flash_mma's decode tile from 224 columns on (heuristics, host only): two
 // warps a block where the blocks reach the SMs or the cache is long, else
 // four.
-TEST(AttentionVariant, WideDecodeTilesTakeTwoWarpsWhereTheWorkFillsThreeBlocksPerSm) {
+TEST(AttentionVariant, WideDecodeTilesTakeTwoWarpsWhereTheWorkFillsTheirBlockSlots) {
   using kernels::DecodeWarps;
   EXPECT_EQ(DecodeWarps(192, 1000, 100000, 132), 4);  // up to 192 wide: four
   EXPECT_EQ(DecodeWarps(224, 336, 1024, 132), 2);     // blocks past the SMs

@@ -138,7 +138,7 @@ inline constexpr int64_t kDecodeMinSplitBlocks = 1;
 
 // Warps of flash_mma's decode block (16 keys each per key tile) at a tile
 // width of 224 or 256, where four warps leave room for one block per SM and
-// two warps for three: two where the grid's blocks (kv heads x row blocks)
+// two warps for three (four since run 42, below): two where the grid's blocks (kv heads x row blocks)
 // reach the SMs or the cache is long (blocks x keys >= kDecodeTwoWarpKeys),
 // else four. Sweep run 36 (H100, two random decode sets and the list, two
 // warps at every width past 192 against four): 0.54-0.81x the time where
@@ -151,6 +151,9 @@ inline constexpr int64_t kDecodeMinSplitBlocks = 1;
 // fixed costs and partials outweigh the extra warps. With this rule (run
 // 37, the same sets): the 12 rows it gives two warps 0.78x the time of the
 // 256-wide four-warp tile (geometric mean), the list's D256 row as before.
+// Since run 42 the two-warp tile keeps one K and one V buffer and fits four
+// blocks per SM (0.89-0.98x the time on the rows this rule gives it); the
+// bound is as run 37 set it.
 inline constexpr int64_t kDecodeTwoWarpKeys = 400000;
 inline int DecodeWarps(int tile_d, int64_t blocks, int64_t seq_kv, int sms) {
   if (tile_d < 224) return 4;
