@@ -249,44 +249,28 @@ int DecodeBlocksPerSm() {
   return n;
 }
 
-// Calls f(std::integral_constant<int, kD>()) for a tile width kd (32 to 256,
-// a multiple of 32) and returns what it returns.
-template <typename F>
-auto WithTileWidth(int kd, F&& f) {
-  switch (kd) {
-    case 32:
-      return f(std::integral_constant<int, 32>());
-    case 64:
-      return f(std::integral_constant<int, 64>());
-    case 96:
-      return f(std::integral_constant<int, 96>());
-    case 128:
-      return f(std::integral_constant<int, 128>());
-    case 160:
-      return f(std::integral_constant<int, 160>());
-    case 192:
-      return f(std::integral_constant<int, 192>());
-    case 224:
-      return f(std::integral_constant<int, 224>());
-    default:
-      return f(std::integral_constant<int, 256>());
+// Calls f(std::integral_constant<int, kD>()) for the width among kWidths
+// that equals kd (the last where none does) and returns what it returns.
+template <int kWidth, int... kRest, typename F>
+auto WithWidthAmong(int kd, F&& f) {
+  if constexpr (sizeof...(kRest) == 0) {
+    return f(std::integral_constant<int, kWidth>());
+  } else {
+    if (kd == kWidth) return f(std::integral_constant<int, kWidth>());
+    return WithWidthAmong<kRest...>(kd, f);
   }
 }
 
-// Calls f(std::integral_constant<int, kD>()) for one of flash_wgmma's tile
-// widths kd (64, 128, 192 or 256) and returns what it returns.
+// flash_mma's tile widths (32 to 256, a multiple of 32).
+template <typename F>
+auto WithTileWidth(int kd, F&& f) {
+  return WithWidthAmong<32, 64, 96, 128, 160, 192, 224, 256>(kd, f);
+}
+
+// flash_wgmma's tile widths (64, 128, 192 or 256).
 template <typename F>
 auto WithWgmmaTileWidth(int kd, F&& f) {
-  switch (kd) {
-    case 64:
-      return f(std::integral_constant<int, 64>());
-    case 128:
-      return f(std::integral_constant<int, 128>());
-    case 192:
-      return f(std::integral_constant<int, 192>());
-    default:
-      return f(std::integral_constant<int, 256>());
-  }
+  return WithWidthAmong<64, 128, 192, 256>(kd, f);
 }
 
 // Calls f(DecodeTile<...>()) for the decode tile kd wide with `warps` warps
