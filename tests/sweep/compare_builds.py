@@ -24,8 +24,11 @@ gc_sweep_attention.
 """
 import argparse
 import json
-import math
 import sys
+
+# The vendor script's row checks and mean (it travels beside this one; torch
+# is imported only where it times).
+from attention_vendor import failed, geomean
 
 
 def key(row):
@@ -33,11 +36,7 @@ def key(row):
 
 
 def good(row):
-    return row is not None and row.get("ok", True) is not False and (row.get("ours_s") or 0) > 0
-
-
-def geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+    return row is not None and not failed(row)
 
 
 def merge(new, base):
