@@ -44,6 +44,7 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
   s.copy_bytes = UseSimt(args, "") ? 0.0 : double(GemmTcPackedCopyBytes(args));
   s.c_bytes = static_cast<int>(DTypeSize(args.c_type));
   s.c_aligned = GemmCAligned(args, 16);
+  s.c_sectors = GemmCAligned(args, 32);
   s.vendor_ok = static_cast<bool>(CanImplementGemmVendor(args, kGemmVendorVariant));
   s.beta = args.beta != 0;
   s.sms = SmCount();

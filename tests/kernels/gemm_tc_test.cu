@@ -600,6 +600,9 @@ TEST(GemmVariant, Tf32NnTakesOursOnlyOnItsClasses) {
   s.m = s.n = 4096;
   s.k = 16;  // short K over a large C
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.c_sectors = false;  // C's rows off 32 bytes: its writes bind, the vendor's are faster
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.c_sectors = true;
   s.k = 256;  // longer: the vendor
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
   s.m = s.n = 512;
@@ -627,29 +630,51 @@ TEST(GemmVariant, CopiesRowsOnlyWhereTheProductOutweighsTheCopies) {
   EXPECT_EQ(with(999, 999, 999, true, true), "wgmma_packed");     // 500 FLOPs a copied byte
   EXPECT_EQ(with(948, 235, 32768, true, true), "cublaslt");       // 188: the copies dominate
   // Short K: C dominates (2 K / its element size against 64 FLOPs a byte).
+  s.c_aligned = false;  // as N = 14530 and 1114 leave 16-bit rows
   EXPECT_EQ(with(16384, 14530, 32, false, true), "cublaslt");
   EXPECT_EQ(with(16384, 14530, 64, false, true), "wgmma_packed");
   EXPECT_EQ(with(1024, 1114, 91, false, true), "cublaslt");  // small: 128 FLOPs a byte
   EXPECT_EQ(with(1024, 1114, 128, false, true), "wgmma_packed");
+  // 16-bit C on 16 bytes: short K from 2^27 where the copy is small.
+  s.c_aligned = true;
+  EXPECT_EQ(with(2048, 16384, 31, true, false), "wgmma_packed");
+  EXPECT_EQ(with(12641, 2272, 8, true, false), "wgmma_packed");
+  EXPECT_EQ(with(1024, 1024, 29, true, false), "cublaslt");  // under 2^27
+  EXPECT_EQ(with(1242, 8192, 26, true, true), "cublaslt");   // both copied: 876 FLOPs a byte
+  s.c_bytes = 4;
+  EXPECT_EQ(with(2048, 16384, 31, true, false), "cublaslt");  // fp32 C
+  s.c_bytes = 2;
   s.c_aligned = false;  // C's rows off 16 bytes: only C read or fp32 goes element by element
   EXPECT_EQ(with(16384, 14530, 64, false, true), "wgmma_packed");
-  s.beta = true;
+  s.beta = true;  // 16-bit C read two bytes at a time: the vendor at every K
   EXPECT_EQ(with(11119, 2187, 123, true, true), "cublaslt");
-  EXPECT_EQ(with(11119, 2187, 256, true, true), "wgmma_packed");
+  EXPECT_EQ(with(1476, 2653, 256, false, true), "cublaslt");
+  EXPECT_EQ(with(11119, 2187, 4096, true, true), "cublaslt");
   s.beta = false;
   s.c_bytes = 4;
   EXPECT_EQ(with(8192, 5341, 204, false, true), "cublaslt");
   EXPECT_EQ(with(8192, 5341, 512, false, true), "wgmma_packed");
+  s.beta = true;  // fp32 C read: 2 K over 4 bytes must reach 256
+  EXPECT_EQ(with(8192, 5341, 256, false, true), "cublaslt");
+  EXPECT_EQ(with(8192, 5341, 512, false, true), "wgmma_packed");
+  s.beta = false;
   s.c_aligned = true;  // fp32 C on 16 bytes: 64 FLOPs a byte
   EXPECT_EQ(with(8192, 5341, 127, false, true), "cublaslt");
   EXPECT_EQ(with(8192, 5341, 128, false, true), "wgmma_packed");
   s.c_bytes = 2;
   EXPECT_EQ(with(64, 2048, 853, true, false), "cublaslt");       // thin: 17-127 rows
-  EXPECT_EQ(with(8, 2048, 853, true, false), "wgmma_packed");    // thin tiles take 8
+  EXPECT_EQ(with(66, 4096, 5089, true, false), "wgmma_packed");  // ... from 2^28, A alone copied
+  EXPECT_EQ(with(64, 4096, 15290, true, true), "cublaslt");      // ... B copied too
+  EXPECT_EQ(with(64, 3360, 1046, true, false), "cublaslt");      // ... under 2^28
+  EXPECT_EQ(with(16, 2048, 853, true, false), "wgmma_packed");   // thin tiles take 16
   EXPECT_EQ(with(128, 2048, 853, true, false), "wgmma_packed");  // a whole tile of rows
   EXPECT_EQ(with(94, 8192, 9865, true, false), "wgmma_packed");  // thin but large
   EXPECT_EQ(with(1, 8192, 1448, true, false), "cublaslt");       // one row: cuBLAS's GEMV
   EXPECT_EQ(with(2, 8192, 1448, true, false), "wgmma_packed");
+  // Under 2^24 multiply-adds the copy's launch outweighs the product.
+  EXPECT_EQ(with(512, 150, 128, false, true), "cublaslt");
+  EXPECT_EQ(with(1024, 150, 128, false, true), "wgmma_packed");
+  EXPECT_EQ(with(2, 4096, 1753, true, false), "cublaslt");
   s.vendor_ok = false;  // what the vendor refuses goes to the ladder
   EXPECT_EQ(with(948, 235, 32768, true, true), "");
   // tf32 TN (rows on 16 bytes): the smaller operand copied, where that pays.
@@ -676,6 +701,14 @@ TEST(GemmVariant, CopiesRowsOnlyWhereTheProductOutweighsTheCopies) {
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
   s.k = 512;
   s.copy_bytes = 4.0 * 512 * (16384 + 16007);
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_packed");
+  s.c_aligned = true;  // rows on 16 bytes: still at least 128 FLOPs a byte of C (K >= 256)
+  s.n = 4096;
+  s.k = 131;
+  s.copy_bytes = 4.0 * 131 * 4096;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.k = 256;
+  s.copy_bytes = 4.0 * 256 * 4096;
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_packed");
 }
 
@@ -784,6 +817,18 @@ TEST(GemmVariant, TheDispatcherSeesWhereCsRowsLie) {
   a.c_type = DType::kF32;
   a.ldc = 1164;  // fp32 rows on 16 bytes
   EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  // tf32 NN over a short K: ours where C's rows lie on 32 bytes.
+  a.ab_type = DType::kF32;
+  a.allow_tf32 = true;
+  a.trans_b = false;
+  a.m = 2048;
+  a.n = 4100;
+  a.k = 32;
+  a.lda = 32;
+  a.ldb = a.ldc = 4100;  // 16400 bytes: on 16, not on 32
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  a.ldb = a.ldc = 4104;
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_splitk");
   // The named fallbacks are what runs when named.
   EXPECT_EQ(kernels::GemmVariantName(a, "cublas"), "cublas");
   EXPECT_TRUE(kernels::CanImplementGemm(a, "cublas"));

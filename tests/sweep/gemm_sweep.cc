@@ -3,6 +3,7 @@
 //
 //   gc_sweep_gemm [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
 //                 [--no-variants] [--cooldown_ms=N] [--random=N [--seed=S]] [--list]
+//                 [--case=SPEC ...]
 //
 // Each case builds the GemmSpec as the service does, operands resident in
 // device memory and the result kept there (options.keep_output), and runs it
@@ -35,8 +36,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gpucompute/kernels/gemm.h"
 #include "server/engine/engine.h"
 #include "tests/sweep/sweep_harness.h"
@@ -511,6 +514,65 @@ std::vector<Case> RandomCases(int n, uint64_t seed) {
   return cases;
 }
 
+// One case from --case=SPEC: "[B*]MxNxK" then, comma-separated and in any
+// order, a layout (NN, NT, TN, TT), the input dtype (bf16, f16, tf32, f32;
+// default bf16), "out=DTYPE" (the output's, default the input's),
+// "beta=V" (C of the output's shape read) and "shared_b" (one B for the
+// batch); e.g. "8192x5700x32,tf32" or "4*512x150x128,TN,f16,out=f32,beta=0.5".
+absl::StatusOr<Case> ParseCase(const std::string& spec) {
+  Case c;
+  c.cls = "case";
+  const std::vector<std::string> parts = absl::StrSplit(spec, ',');
+  std::string dims = parts[0];
+  if (const size_t star = dims.find('*'); star != std::string::npos) {
+    if (!absl::SimpleAtoi(dims.substr(0, star), &c.batch) || c.batch < 1)
+      return absl::InvalidArgumentError("the batch before '*' is not a positive integer");
+    dims = dims.substr(star + 1);
+  }
+  const std::vector<std::string> mnk = absl::StrSplit(dims, 'x');
+  if (mnk.size() != 3 || !absl::SimpleAtoi(mnk[0], &c.m) || !absl::SimpleAtoi(mnk[1], &c.n) ||
+      !absl::SimpleAtoi(mnk[2], &c.k) || c.m < 1 || c.n < 1 || c.k < 1)
+    return absl::InvalidArgumentError("the shape is not [B*]MxNxK of positive integers");
+  auto dtype = [](const std::string& v, D* dt, bool* tf32) {
+    if (v == "bf16")
+      *dt = D::kBFloat16, *tf32 = false;
+    else if (v == "f16")
+      *dt = D::kFloat16, *tf32 = false;
+    else if (v == "tf32")
+      *dt = D::kFloat32, *tf32 = true;
+    else if (v == "f32")
+      *dt = D::kFloat32, *tf32 = false;
+    else
+      return false;
+    return true;
+  };
+  bool out_given = false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    bool tf32 = false;
+    if (p.size() == 2 && (p[0] == 'N' || p[0] == 'T') && (p[1] == 'N' || p[1] == 'T')) {
+      c.ta = p[0] == 'T', c.tb = p[1] == 'T';
+    } else if (dtype(p, &c.dtype, &tf32)) {
+      c.tf32 = tf32;
+    } else if (p.rfind("out=", 0) == 0) {
+      if (!dtype(p.substr(4), &c.out, &tf32) || tf32)
+        return absl::InvalidArgumentError("out= takes bf16, f16 or f32");
+      out_given = true;
+    } else if (p.rfind("beta=", 0) == 0) {
+      if (!absl::SimpleAtod(p.substr(5), &c.beta))
+        return absl::InvalidArgumentError("beta= takes a number");
+    } else if (p == "shared_b") {
+      c.shared_b = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown part '", p, "'"));
+    }
+  }
+  if (!out_given) c.out = c.dtype;
+  if (c.dtype == D::kFloat32 && c.out != D::kFloat32)
+    return absl::InvalidArgumentError("fp32 inputs give an fp32 output");
+  return c;
+}
+
 }  // namespace
 }  // namespace gpucompute::sweep
 
@@ -521,17 +583,34 @@ int main(int argc, char** argv) {
   options.reps = 10;
   options.warmup = 2;
   std::string command;
+  std::vector<sweep::Case> given;  // --case
+  auto extra = [&](const std::string& arg) -> absl::StatusOr<bool> {
+    if (arg.rfind("--case=", 0) != 0) return false;
+    absl::StatusOr<sweep::Case> c = sweep::ParseCase(arg.substr(7));
+    if (!c.ok()) return c.status();
+    given.push_back(*c);
+    return true;
+  };
   if (std::optional<int> done = sweep::ParseSweepFlags(
           argc, argv, "gc_sweep_gemm",
           "  GEMM through the server's default path on GPU 0, every version of ours and the\n"
           "  cuBLASLt fallback forced too, against cublasGemmStridedBatchedEx in the same run.\n"
           "  --filter keeps the cases whose \"class shape dtype->out\" contains SUBSTR;\n"
           "  --no-variants times the default only. tests/sweep/gemm_table.py writes the\n"
-          "  markdown table.\n",
-          &options, &command))
+          "  markdown table.\n"
+          "  --case=SPEC (repeatable) runs these cases instead of the list (class \"case\"):\n"
+          "  [B*]MxNxK, then comma-separated NN|NT|TN|TT, bf16|f16|tf32|f32, out=DTYPE,\n"
+          "  beta=V, shared_b; e.g. --case=8192x5700x32,tf32 --case=4*512x150x128,TN,beta=0.5\n",
+          &options, &command, extra))
     return *done;
-  const std::vector<sweep::Case> cases =
-      options.random > 0 ? sweep::RandomCases(options.random, options.seed) : sweep::ListedCases();
+  if (!given.empty() && options.random > 0) {
+    std::fprintf(stderr, "--case and --random each replace the list: give one of them\n");
+    return 2;
+  }
+  const std::vector<sweep::Case> cases = !given.empty() ? given
+                                         : options.random > 0
+                                             ? sweep::RandomCases(options.random, options.seed)
+                                             : sweep::ListedCases();
   if (options.list) {
     for (const sweep::Case& c : cases) {
       const std::string name = sweep::FilterName(c);

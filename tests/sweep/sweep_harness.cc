@@ -21,7 +21,8 @@
 namespace gpucompute::sweep {
 
 std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, const char* help,
-                                   SweepOptions* options, std::string* command) {
+                                   SweepOptions* options, std::string* command,
+                                   const ExtraFlag& extra) {
   *command = name;
   bool seeded = false;
   for (int i = 1; i < argc; ++i) {
@@ -66,8 +67,16 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
           name, help, options->gap_us);
       return 0;
     } else {
-      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
-      return 2;
+      const absl::StatusOr<bool> taken = extra ? extra(arg) : absl::StatusOr<bool>(false);
+      if (!taken.ok()) {
+        std::fprintf(stderr, "%s: %s\n", arg.c_str(),
+                     std::string(taken.status().message()).c_str());
+        return 2;
+      }
+      if (!*taken) {
+        std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+        return 2;
+      }
     }
   }
   if (options->random > 0 && !seeded) {

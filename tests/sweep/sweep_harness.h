@@ -47,13 +47,19 @@ struct SweepOptions {
   bool list = false;
 };
 
+// A sweep's own flags: true when it took `arg`; false when `arg` is not one
+// of them; an error (printed, exit status 2) when it is but its value is bad.
+using ExtraFlag = std::function<absl::StatusOr<bool>(const std::string& arg)>;
+
 // Parses --json, --filter, --reps, --warmup, --no-variants, --cooldown_ms,
 // --gap_us, --random, --seed, --list and --help into
-// `options` (which holds the defaults) and the command line into `*command`
-// (`name` and the arguments). Returns the exit status when main should stop
-// (after --help: 0; an unknown argument: 2), nullopt to go on.
+// `options` (which holds the defaults), anything else through `extra` when
+// given, and the command line into `*command` (`name` and the arguments).
+// Returns the exit status when main should stop (after --help: 0; an
+// unknown or bad argument: 2), nullopt to go on.
 std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, const char* help,
-                                   SweepOptions* options, std::string* command);
+                                   SweepOptions* options, std::string* command,
+                                   const ExtraFlag& extra = nullptr);
 
 // One request as the sweeps time it.
 struct Timed {

@@ -62,6 +62,7 @@ struct GemmShape {
   double copy_bytes = 0;
   int c_bytes = 2;        // bytes of one element of C
   bool c_aligned = true;  // C (and c_in) with base, rows and batch stride on 16 bytes
+  bool c_sectors = true;  // ... on 32 bytes (an L2 sector)
 };
 
 // wgmma_packed (gc_sweep_gemm's list and 11 x 60 random shapes, H100,
@@ -79,20 +80,47 @@ struct GemmShape {
 //     8192x13916x128 bf16 1.39x, 4096x4096x70 f16 (1.2e9) 1.21x,
 //     16384x1024x77 with beta 1.35x; 16384x14530x32 0.77x, 5980x1194x78 NT
 //     (5.6e8) 0.81x, 1024x1114x91 (1.0e8) 0.73x.
+//     Below that, 16-bit C on 16 bytes from 2^27 where the copied operand
+//     is small (>= 2048 FLOPs a copied byte: the side not copied is at
+//     least 2048 wide): odd K of 8-82 against a wide operand, which the
+//     fallback reads without TMA (runs 21-31: 17 shapes, 1.41x geomean, the
+//     least 1.22x: 12641x2272x8 TN 1.71x, 2959x4096x79 f16 1.67x,
+//     4795x8192x20 f16 with beta 1.22x). Not with fp32 C (5108x4604x64 f16
+//     -> fp32 0.62x, 3802x16028x8 TT tf32 0.51x) nor a smaller problem or
+//     copy (1024x1024x29 0.65x, 4050x2048x22 0.91x, 1242x8192x26 TT 0.85x).
 //   - min(M, N) of 17-127 only from batch * M * N * K = 2^31 up (the thin
 //     tiles take 16 columns and fewer): 64x2048x853 f16 0.80x, 46x1024x1169
 //     TN tf32 0.63x; 94x8192x9865 TN tf32 (7.6e9) 1.45x; 2-16 rows against
-//     a wide B 1.12-3.22x.
+//     a wide B 1.12-3.22x. Or from 2^28 where only the thin operand is
+//     copied (>= 1024 FLOPs a copied byte), a few tokens with odd K against
+//     a weight that stays in place, which the fallback reads without TMA:
+//     66x4096x5089 3.48x, 28x4096x14179 2.89x, 29x12200x1501 with beta
+//     2.40x, 54x4096x2048 TN 0.98x (runs 21-31: 26 shapes, 1.45x geomean);
+//     under 2^28 64x3360x1046 f16 0.80x, 1024x18x1024 0.64x; copying the
+//     wide operand 64x4096x15290 NT 0.26x.
+//   - From kGemmOursMinVolume up (runs 21-31): under it the copy's launch
+//     outweighs the product (512x150x128 TN 5.6 us against the fallback's
+//     3.2, 7x2048x1024 TT f16 0.84x; 2x1024x3894 1.13x, 2x4096x1753 TN
+//     1.11x given up).
+//   - Not with beta on 16-bit C whose rows are off 16 bytes (C read element
+//     by element, two bytes at a time): 14 of 16 such shapes behind the
+//     fallback, at every K (1476x2653x256 0.52x, 617x502x1072 0.94x,
+//     683x3915x128 0.48x, 64*50x273x512 0.73x); the two ahead 1.04x and
+//     1.15x.
 inline constexpr double kGemmPackedMinFlopsPerCopiedByte = 400;
 inline constexpr double kGemmPackedMinFlopsPerCByte = 64;
 inline constexpr double kGemmPackedMinFlopsPerCByteSmall = 128;  // under kGemmPackedSmallVolume
 inline constexpr double kGemmPackedMinFlopsPerCByteSlowC = 256;  // fp32 or read, rows off 16 B
 inline constexpr double kGemmPackedSmallVolume = 1073741824.0;   // 2^30
+inline constexpr double kGemmPackedShortKMinVolume = 134217728.0;  // 2^27
+inline constexpr double kGemmPackedShortKMinFlopsPerCopiedByte = 2048;
 inline constexpr int64_t kGemmPackedThinMax = 16;
-inline constexpr double kGemmPackedMinVolume = 2147483648.0;
-// C's rows off 16 bytes with A and B as TMA reads them: ours from this
-// batch * M * N * K up (below).
-inline constexpr double kGemmCOffMinVolume = 16777216.0;  // 2^24
+inline constexpr double kGemmPackedMinVolume = 2147483648.0;         // 2^31
+inline constexpr double kGemmPackedThinCopyMinVolume = 268435456.0;  // 2^28
+inline constexpr double kGemmPackedThinMinFlopsPerCopiedByte = 1024;
+// Ours from this batch * M * N * K up where it adds a pass to the product
+// (wgmma_packed's copies, the K split for C's rows off 16 bytes below).
+inline constexpr double kGemmOursMinVolume = 16777216.0;  // 2^24
 // tf32 NN with K up to this over at least 2^23 outputs runs ours (below).
 inline constexpr int64_t kGemmTf32ShortK = 128;
 
@@ -107,17 +135,24 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // then wgmma: 1.32-2.93x (bf16/fp16), 1.32-1.56x (tf32) in run 4, where
   // the copies pay (kGemmPackedMinFlopsPerCopiedByte and below).
   const bool copies_pay = 2.0 * volume >= kGemmPackedMinFlopsPerCopiedByte * s.copy_bytes;
+  const bool thin_copied = 2.0 * volume >= kGemmPackedThinMinFlopsPerCopiedByte * s.copy_bytes &&
+                           volume >= kGemmPackedThinCopyMinVolume;
   const bool slow_c = !s.c_aligned && (s.c_bytes >= 4 || s.beta);
   const double c_min = slow_c                            ? kGemmPackedMinFlopsPerCByteSlowC
                        : volume < kGemmPackedSmallVolume ? kGemmPackedMinFlopsPerCByteSmall
                                                          : kGemmPackedMinFlopsPerCByte;
   const bool c_pays = 2.0 * double(s.k) >= c_min * s.c_bytes;
+  const bool short_k_pays = s.c_aligned && s.c_bytes == 2 && volume >= kGemmPackedShortKMinVolume &&
+                            2.0 * volume >= kGemmPackedShortKMinFlopsPerCopiedByte * s.copy_bytes;
   const int64_t thin = std::min(s.m, s.n);
+  const bool c_read_by_halves = s.beta && !s.c_aligned && s.c_bytes < 4;
   // One row or column (a matrix-vector product, which cuBLAS runs on its
   // GEMV kernels whatever the alignment): 1x8192x1448 TT bf16 -> fp32 0.69x
   // on wgmma_packed (run 26).
-  if (tensor_cores && !s.aligned && copies_pay && c_pays && thin > 1 &&
-      (thin <= kGemmPackedThinMax || thin >= 128 || volume >= kGemmPackedMinVolume))
+  if (tensor_cores && !s.aligned && copies_pay && (c_pays || short_k_pays) && thin > 1 &&
+      (thin <= kGemmPackedThinMax || thin >= 128 || volume >= kGemmPackedMinVolume ||
+       thin_copied) &&
+      volume >= kGemmOursMinVolume && !c_read_by_halves)
     return "wgmma_packed";
   // A and B as TMA reads them, C's rows off 16 bytes (N not a multiple of 8
   // in 16-bit, of 4 in fp32): cuBLAS(Lt) slows down there, ours writes such
@@ -137,13 +172,19 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // as C^T, read element by element: below).
   const bool tf32_nn = s.tf32 && !s.trans_a && !s.trans_b;
   if (tensor_cores && s.tma_ok && !s.c_aligned && thin > 1 && c_pays &&
-      volume >= kGemmCOffMinVolume && !(tf32_nn && s.beta))
+      volume >= kGemmOursMinVolume && !(tf32_nn && s.beta))
     return "wgmma_splitk";
   // tf32 with A transposed and B not (TN): cuBLAS's tf32 TN kernels ran
   // ~1.6x slower than its NT ones; one operand copied K-major first:
-  // 1.02-1.16x (4096^3 1.27x, 2000x3000x1000 1.28x in run 21); C as above
-  // (16384x16007x16 TN 0.23x in runs 25-26, C's fp32 rows off 16 bytes).
-  if (s.tf32 && s.trans_a && !s.trans_b && volume >= kGemmPackedMinVolume && copies_pay && c_pays)
+  // 1.02-1.16x (4096^3 1.27x, 2000x3000x1000 1.28x in run 21); C as above,
+  // at least kGemmPackedMinFlopsPerCByteSmall FLOPs a byte of C (K >= 256)
+  // at every size: 16384x16007x16 TN 0.23x in runs 25-26 (C's fp32 rows off
+  // 16 bytes), 16384x4096x131 0.78x and 1264x16384x170 0.94x in run 31;
+  // 1431x4096x256 1.56x.
+  const bool tn_c_pays =
+      c_pays && 2.0 * double(s.k) >= kGemmPackedMinFlopsPerCByteSmall * s.c_bytes;
+  if (s.tf32 && s.trans_a && !s.trans_b && volume >= kGemmPackedMinVolume && copies_pay &&
+      tn_c_pays)
     return "wgmma_packed";
   // tf32 NN (B N-major), which ours runs as C^T with B^T from registers
   // (sweep-gemm.md runs 12-13): batches of large problems (8*1024^3, 16 x
@@ -153,10 +194,14 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // Short K (at most 128) over a large C, since C^T's stores no longer test
   // beta per element (sweep-gemm.md runs 17 and 19): 4096x4096x16 to 16384^2 x
   // 128 1.08-1.31x on an H200; those and 32 x 512x512x64 0.96-1.30x on an H100.
+  // Such a product is bound by C's writes; with C's rows off 32 bytes (an L2
+  // sector) C^T's stores ran at half the fallback's rate: 8192x5700x32 140 us
+  // against 81 (H100, run 31; every tile width 120-173 us).
   if (tf32_nn && s.tma_ok && !s.beta) {
     if (s.batch > 1 && volume >= kGemmPackedMinVolume) return "wgmma_splitk";
     if (s.k >= 64 * std::max(s.m, s.n) && s.m * s.n >= 65536) return "wgmma_splitk";
-    if (s.k <= kGemmTf32ShortK && double(s.m) * double(s.n) * double(s.batch) >= 8388608.0)
+    if (s.k <= kGemmTf32ShortK && s.c_sectors &&
+        double(s.m) * double(s.n) * double(s.batch) >= 8388608.0)
       return "wgmma_splitk";
   }
   return "cublaslt";
