@@ -56,5 +56,16 @@ done | awk '
   }
   END { exit n_bad > 0 }' || fail "gemm --random: cases out of bounds"
 
+# GEMM --case: shapes of one's own instead of the list; bad ones refused.
+got=$("$gemm" --list --case=8192x5700x32,tf32 --case=4*512x150x128,TN,f16,out=f32,beta=0.5,shared_b)
+[ "$got" = "case 8192x5700x32 tf32->f32
+case 4*512x150x128 B shared TN beta f16->f32" ] || fail "gemm --case: listed as: $got"
+for bad in 8x8 0x8x8 8x8x8,NX 8x8x8,f32,out=bf16 8x8x8,beta=x 2*8x8x8,tf32,out=tf32; do
+  if "$gemm" --list --case=$bad >/dev/null 2>&1; then fail "gemm --case=$bad accepted"; fi
+done
+if "$gemm" --list --case=8x8x8 --random=3 >/dev/null 2>&1; then
+  fail "gemm --case with --random accepted"
+fi
+
 if "$memops" --list >/dev/null 2>&1; then fail "gc_sweep_memops accepted --list"; fi
 echo "case lists: ok"

@@ -95,9 +95,9 @@ struct GemmShape {
 //     copied (>= 1024 FLOPs a copied byte), a few tokens with odd K against
 //     a weight that stays in place, which the fallback reads without TMA:
 //     66x4096x5089 3.48x, 28x4096x14179 2.89x, 29x12200x1501 with beta
-//     2.40x, 54x4096x2048 TN 0.98x (runs 21-31: 26 shapes, 1.45x geomean);
-//     under 2^28 64x3360x1046 f16 0.80x, 1024x18x1024 0.64x; copying the
-//     wide operand 64x4096x15290 NT 0.26x.
+//     2.40x (runs 21-31: 18 shapes, 1.65x geomean, the least 54x4096x2048
+//     TN 0.99x); under 2^28 64x3360x1046 f16 0.80x, 1024x18x1024 0.64x;
+//     copying the wide operand 64x4096x15290 NT 0.26x.
 //   - From kGemmOursMinVolume up (runs 21-31): under it the copy's launch
 //     outweighs the product (512x150x128 TN 5.6 us against the fallback's
 //     3.2, 7x2048x1024 TT f16 0.84x; 2x1024x3894 1.13x, 2x4096x1753 TN
