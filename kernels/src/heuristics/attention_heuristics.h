@@ -140,8 +140,9 @@ inline constexpr int64_t kDecodeMinSplitBlocks = 1;
 // width of 224 or 256, where four warps leave room for one block per SM and
 // two warps for three (four since run 42, below): two where the grid's
 // blocks (kv heads x row blocks) reach the SMs or the cache is long (blocks x
-// keys >= kDecodeTwoWarpKeys), else four. Sweep run 36 (H100, two random decode sets and the list, two
-// warps at every width past 192 against four): 0.54-0.81x the time where
+// keys >= kDecodeTwoWarpKeys), else four. Sweep run 36 (H100, two random
+// decode sets and the list, two warps at every width past 192 against
+// four): 0.54-0.81x the time where
 // the blocks reach the SMs (B21 H16 Sq4 Skv1024 D200, 336 blocks: 182 -> 132
 // us) or the blocks x keys reach 425k (B9 H8 Sq1 Skv8192 D216: 398 -> 211
 // us; B8 H12/6 Skv26613 D216, 16 blocks: 648 -> 432), but 1.04-1.6x where

@@ -81,10 +81,10 @@ struct GemmShape {
 //     16384x1024x77 with beta 1.35x; 16384x14530x32 0.77x, 5980x1194x78 NT
 //     (5.6e8) 0.81x, 1024x1114x91 (1.0e8) 0.73x.
 //     Below that, 16-bit C on 16 bytes from 2^27 where the copied operand
-//     is small (>= 2048 FLOPs a copied byte: the side not copied is at
-//     least 2048 wide): odd K of 8-82 against a wide operand, which the
-//     fallback reads without TMA (runs 21-31: 17 shapes, 1.41x geomean, the
-//     least 1.22x: 12641x2272x8 TN 1.71x, 2959x4096x79 f16 1.67x,
+//     is small (>= 2048 FLOPs a copied byte: with one operand copied, the
+//     other side at least 2048 wide): odd K of 8-82 against a wide
+//     operand, which the fallback reads without TMA (runs 21-31: 17 shapes,
+//     1.41x geomean, the least 1.22x: 12641x2272x8 TN 1.71x, 2959x4096x79 f16 1.67x,
 //     4795x8192x20 f16 with beta 1.22x). Not with fp32 C (5108x4604x64 f16
 //     -> fp32 0.62x, 3802x16028x8 TT tf32 0.51x) nor a smaller problem or
 //     copy (1024x1024x29 0.65x, 4050x2048x22 0.91x, 1242x8192x26 TT 0.85x).
