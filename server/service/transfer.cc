@@ -33,6 +33,9 @@ constexpr int64_t kDefaultChunkBytes = int64_t{4} << 20;
 constexpr int64_t kMaxChunkBytes = int64_t{64} << 20;
 // Chunk bytes at least this long stay in gRPC's slices until copied.
 constexpr int64_t kExternalBytes = int64_t{16} << 10;
+// Uploads of tensors at least this large create them on a worker
+// (UploadReactor::Received).
+constexpr int64_t kCreateOnWorkerBytes = int64_t{64} << 20;
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
@@ -77,13 +80,19 @@ class ComputeService::UploadAssembly {
     return absl::OkStatus();
   }
 
-  // A stream carried its whole part. Returns true when that completed the
-  // upload: then the caller publishes the tensor and calls Complete.
-  // INVALID_ARGUMENT when the parts do not cover the tensor.
-  absl::StatusOr<bool> PartDone() {
+  // `reactor` carried its whole part. Returns true when that completed the
+  // upload: then the caller publishes the tensor and answers the streams
+  // TakeWaiting returns. Otherwise `reactor` waits among them (under the
+  // same lock: the last part cannot be taken in between). INVALID_ARGUMENT
+  // when the parts do not cover the tensor; the error when the upload
+  // failed.
+  absl::StatusOr<bool> PartDone(UploadReactor* reactor) {
     absl::MutexLock lock(&mu_);
     if (!error_.ok()) return error_;
-    if (++done_ < parts()) return false;
+    if (++done_ < parts()) {
+      waiting_.push_back(reactor);
+      return false;
+    }
     std::vector<std::pair<int64_t, int64_t>> sorted = ranges_;
     std::sort(sorted.begin(), sorted.end());
     int64_t next = 0;
@@ -100,39 +109,19 @@ class ComputeService::UploadAssembly {
     return true;
   }
 
-  // The upload failed; the first error is kept. Returns the streams waiting
-  // for the end, which the caller finishes with the error.
-  std::vector<UploadReactor*> Fail(absl::Status error) {
-    absl::MutexLock lock(&mu_);
-    if (error_.ok()) error_ = std::move(error);
-    return std::move(waiting_);
-  }
+  // The upload failed; the first error is kept. `self` (the failing stream)
+  // stops waiting. Returns the other streams waiting for the end, each held
+  // (UploadReactor::Hold): the caller finishes each with the error, then
+  // releases it.
+  std::vector<UploadReactor*> Fail(absl::Status error, UploadReactor* self);
   absl::Status error() const {
     absl::MutexLock lock(&mu_);
     return error_;
   }
 
-  // A stream waits for the other parts; false when the upload has already
-  // failed (then it does not wait).
-  bool Wait(UploadReactor* reactor) {
-    absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return false;
-    waiting_.push_back(reactor);
-    return true;
-  }
-  // A waiting stream leaves (cancelled).
-  bool StopWaiting(UploadReactor* reactor) {
-    absl::MutexLock lock(&mu_);
-    auto it = std::find(waiting_.begin(), waiting_.end(), reactor);
-    if (it == waiting_.end()) return false;
-    waiting_.erase(it);
-    return true;
-  }
-  // The streams waiting for the end, once it has come.
-  std::vector<UploadReactor*> TakeWaiting() {
-    absl::MutexLock lock(&mu_);
-    return std::move(waiting_);
-  }
+  // The streams waiting for the end, once it has come, each held: the caller
+  // answers each, then releases it.
+  std::vector<UploadReactor*> TakeWaiting();
   // Drops the tensor (failed uploads keep nothing).
   void Drop() {
     absl::MutexLock lock(&mu_);
@@ -172,13 +161,15 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
   void OnReadDone(bool ok) override {
     if (!ok) {
       absl::Status failed;
+      std::optional<ResidentInfo> completed;
       {
         absl::MutexLock order(&copy_mu_);
         failed = EndOfStream();
         if (!failed.ok()) failed = Abort(failed);
+        completed = completed_;
       }
       // Outside copy_mu_: once finished, the reactor may be deleted.
-      Finished(failed);
+      Finished(failed, completed);
       return;
     }
     // The chunk waits in gRPC's slices for admission; the next is read once
@@ -187,11 +178,12 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
     raw->Swap(&incoming_);
     {
       absl::MutexLock lock(&finish_mu_);
-      admitting_ = true;
+      if (finished_) return;  // answered already (cancelled, say): the chunk is dropped
+      ++admissions_;          // until Received has run (AdmissionDone)
     }
     service_->WhenAdmitted(*service_->admission_, static_cast<int64_t>(raw->Length()), call_,
                            [this, raw](absl::StatusOr<Admission::Ticket> ticket) {
-                             Received(*raw, std::move(ticket));
+                             Received(raw, std::move(ticket), /*on_worker=*/false);
                            });
   }
 
@@ -210,67 +202,134 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
     {
       absl::MutexLock lock(&finish_mu_);
       done_ = true;
-      gone = !admitting_;
+      gone = holds_ == 0;
     }
-    // Else the admission on its way deletes the reactor (Received).
+    // Else the last Release deletes the reactor.
     if (gone) Delete();
   }
 
-  // The upload this stream belongs to ended: finishes with `info` or the
-  // error. REQUIRES: called once, by the stream that completed the upload or
-  // failed it, for a stream no longer reading.
-  void Complete(const absl::StatusOr<ResidentInfo>& info) {
-    if (info.ok()) {
-      v1::UploadResponse response;
-      ToProto(*info, response.mutable_tensor());
-      response.set_receive_seconds(receive_seconds_);
-      response.set_host_to_device_seconds(h2d_seconds_);
-      *response_ = wire::Serialize(response);
+  // Keeps the reactor alive past OnDone until the matching Release, for
+  // another stream about to answer this one (UploadAssembly hands out
+  // waiting streams held).
+  void Hold() {
+    absl::MutexLock lock(&finish_mu_);
+    ++holds_;
+  }
+  // Ends a Hold; the last one after OnDone deletes the reactor, so the caller
+  // must not touch it afterwards.
+  void Release() {
+    bool gone;
+    {
+      absl::MutexLock lock(&finish_mu_);
+      gone = --holds_ == 0 && done_;
     }
-    FinishOnce(info.status());
+    if (gone) Delete();
+  }
+
+  // The upload this stream belongs to ended: answers with `info` or the
+  // error, unless the stream has already been answered (cancelled, say).
+  // The response is written only by the one call that answers. While a
+  // chunk waits for admission the answer waits too (AdmissionDone sends it):
+  // the wait asks the call's context (Abandoned), which ends with the call.
+  void Complete(const absl::StatusOr<ResidentInfo>& info) {
+    {
+      absl::MutexLock lock(&finish_mu_);
+      if (finished_) return;
+      finished_ = true;
+      final_code_ = info.status().code();
+      if (info.ok()) {
+        v1::UploadResponse response;
+        ToProto(*info, response.mutable_tensor());
+        response.set_receive_seconds(receive_seconds_);
+        response.set_host_to_device_seconds(h2d_seconds_);
+        *response_ = wire::Serialize(response);
+      }
+      if (admissions_ > 0) {
+        unsent_ = ToGrpcStatus(info.status());
+        return;
+      }
+    }
+    Finish(ToGrpcStatus(info.status()));
   }
 
  private:
   // A chunk's admission came (or was refused): copies the chunk where it
   // belongs while the next is received, then gives the admission back.
-  void Received(grpc::ByteBuffer& raw, absl::StatusOr<Admission::Ticket> ticket) {
+  // `on_worker`: called on a worker of the pool, not on a gRPC thread (where
+  // an admission that comes at once runs it).
+  void Received(std::shared_ptr<grpc::ByteBuffer> raw, absl::StatusOr<Admission::Ticket> ticket,
+                bool on_worker) {
     absl::Status failed;
+    std::optional<ResidentInfo> completed;
+    bool to_worker = false;
     {
       absl::MutexLock order(&copy_mu_);
       if (!ticket.ok()) {
         failed = ticket.status();
-      } else {
+      } else if (!aborted_) {  // an aborted stream (cancelled, say) joins nothing
         if (first_ == absl::InfinitePast()) first_ = absl::Now();
         v1::UploadRequest chunk;
         std::vector<wire::ExternalField> external;
-        failed = wire::Parse(raw, &chunk, &external, kExternalBytes, "request");
-        if (failed.ok()) failed = CheckHeader(chunk);
-        if (failed.ok() && !aborted_) {
-          StartRead(&incoming_);
-          failed = Copy(chunk, external);
+        failed = wire::Parse(*raw, &chunk, &external, kExternalBytes, "request");
+        to_worker = failed.ok() && !on_worker && CreatesLargeTensor(chunk);
+        if (!to_worker) {
+          if (failed.ok()) failed = CheckHeader(chunk);
+          if (failed.ok()) {
+            StartRead(&incoming_);
+            failed = Copy(chunk, external);
+          }
         }
       }
-      raw.Clear();
-      if (!failed.ok()) failed = Abort(failed);
+      if (!to_worker) {
+        raw->Clear();
+        if (!failed.ok()) failed = Abort(failed);
+        completed = completed_;
+      }
+    }
+    if (to_worker) {
+      // Creating a large tensor takes long (on the CPU backend the host
+      // memory is zeroed: 5-22 s for 8 GiB on a 2-core machine), too long
+      // for a gRPC thread: the connection it serves stops answering, and
+      // the client's keepalive drops it. The chunk is taken again on a
+      // worker, still holding its admission (and counted in admissions_).
+      service_->pool_->Schedule([this, raw = std::move(raw), ticket = std::move(ticket)]() mutable {
+        Received(std::move(raw), std::move(ticket), /*on_worker=*/true);
+      });
+      return;
     }
     if (ticket.ok()) *ticket = Admission::Ticket();  // the chunk's bytes are gone
-    Finished(failed);
-    bool gone;
-    {
-      absl::MutexLock lock(&finish_mu_);
-      admitting_ = false;
-      gone = done_;
-    }
-    if (gone) Delete();
+    Finished(failed, completed);
+    AdmissionDone();
   }
 
-  // Finishes with `failed`, or answers once the upload completed.
-  // REQUIRES: copy_mu_ not held.
-  void Finished(const absl::Status& failed) {
+  // A chunk's admission callback has run: sends the answer that waited for
+  // it, if any. The reactor may be gone once this returns.
+  void AdmissionDone() {
+    std::optional<grpc::Status> answer;
+    {
+      absl::MutexLock lock(&finish_mu_);
+      if (--admissions_ == 0) answer.swap(unsent_);
+    }
+    if (answer.has_value()) Finish(*answer);
+  }
+
+  // Whether `chunk` is a stream's first message and creates a tensor of at
+  // least kCreateOnWorkerBytes (joining an upload begun by another stream
+  // creates nothing, but is rare enough to be taken the same way).
+  bool CreatesLargeTensor(const v1::UploadRequest& chunk) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
+    if (assembly_ != nullptr || !chunk.has_header()) return false;
+    absl::StatusOr<UploadPart> part = ParseUploadHeader(chunk.header());
+    return part.ok() && part->bytes >= kCreateOnWorkerBytes;
+  }
+
+  // Finishes with `failed`, or answers once the upload completed
+  // (`completed`, read under copy_mu_). REQUIRES: copy_mu_ not held.
+  void Finished(const absl::Status& failed, const std::optional<ResidentInfo>& completed) {
     if (!failed.ok()) {
       FinishOnce(failed);
-    } else if (completed_.has_value()) {
-      Complete(*completed_);
+    } else if (completed.has_value()) {
+      Complete(*completed);
     }
   }
 
@@ -353,15 +412,15 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
     }
     receive_seconds_ = SecondsSince(first_);
     service_->metrics_->ObserveStage("receive", receive_seconds_);
-    ASSIGN_OR_RETURN(const bool complete, assembly_->PartDone());
-    if (!complete) {
-      // The other parts will finish this stream (or its cancellation will).
-      if (!assembly_->Wait(this)) return assembly_->error();
-      return absl::OkStatus();
-    }
+    ASSIGN_OR_RETURN(const bool complete, assembly_->PartDone(this));
+    // Else the other parts will answer this stream (or its cancellation will).
+    if (!complete) return absl::OkStatus();
     service_->FinishUpload(owner_, assembly_);
     const ResidentInfo info = service_->engine_->store().Publish(tensor_);
-    for (UploadReactor* other : assembly_->TakeWaiting()) other->Complete(info);
+    for (UploadReactor* other : assembly_->TakeWaiting()) {
+      other->Complete(info);
+      other->Release();
+    }
     completed_ = info;  // this stream finishes once copy_mu_ is released
     return absl::OkStatus();
   }
@@ -372,8 +431,7 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
   absl::Status Abort(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(copy_mu_) {
     aborted_ = true;
     if (assembly_ != nullptr) {
-      assembly_->StopWaiting(this);
-      std::vector<UploadReactor*> others = assembly_->Fail(status);
+      std::vector<UploadReactor*> others = assembly_->Fail(status, this);
       service_->FinishUpload(owner_, assembly_);
       assembly_->Drop();
       tensor_.reset();
@@ -383,21 +441,14 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
               : absl::AbortedError(
                     absl::StrCat("another part of this upload failed: ", status.message()));
       for (UploadReactor* other : others) {
-        if (other != this) other->FinishOnce(part_failed);
+        other->FinishOnce(part_failed);
+        other->Release();
       }
     }
     return status;
   }
 
-  void FinishOnce(const absl::Status& status) {
-    {
-      absl::MutexLock lock(&finish_mu_);
-      if (finished_) return;
-      finished_ = true;
-      final_code_ = status.code();
-    }
-    Finish(ToGrpcStatus(status));
-  }
+  void FinishOnce(const absl::Status& status) { Complete(status); }
 
   ComputeService* const service_;
   grpc::CallbackServerContext* const context_;
@@ -419,12 +470,39 @@ class ComputeService::UploadReactor final : public grpc::ServerReadReactor<grpc:
 
   absl::Mutex finish_mu_;
   bool finished_ ABSL_GUARDED_BY(finish_mu_) = false;
-  // A chunk waits for admission (its callback still to come), and gRPC is
-  // done with the stream (OnDone): whichever comes last deletes the reactor.
-  bool admitting_ ABSL_GUARDED_BY(finish_mu_) = false;
+  // Chunks whose admission callback is still to come (two at most: a
+  // chunk's callback reads the next before copying its own), and the answer
+  // that waits for them.
+  int admissions_ ABSL_GUARDED_BY(finish_mu_) = 0;
+  std::optional<grpc::Status> unsent_ ABSL_GUARDED_BY(finish_mu_);
+  // Holds (streams about to answer this one), and gRPC done with the stream
+  // (OnDone): whichever ends last deletes the reactor.
+  int holds_ ABSL_GUARDED_BY(finish_mu_) = 0;
   bool done_ ABSL_GUARDED_BY(finish_mu_) = false;
   absl::StatusCode final_code_ = absl::StatusCode::kOk;
 };
+
+std::vector<ComputeService::UploadReactor*> ComputeService::UploadAssembly::Fail(
+    absl::Status error, UploadReactor* self) {
+  absl::MutexLock lock(&mu_);
+  if (error_.ok()) error_ = std::move(error);
+  std::vector<UploadReactor*> others;
+  for (UploadReactor* reactor : waiting_) {
+    if (reactor == self) continue;
+    reactor->Hold();
+    others.push_back(reactor);
+  }
+  waiting_.clear();
+  return others;
+}
+
+std::vector<ComputeService::UploadReactor*> ComputeService::UploadAssembly::TakeWaiting() {
+  absl::MutexLock lock(&mu_);
+  std::vector<UploadReactor*> waiting = std::move(waiting_);
+  waiting_.clear();
+  for (UploadReactor* reactor : waiting) reactor->Hold();
+  return waiting;
+}
 
 absl::StatusOr<std::shared_ptr<ComputeService::UploadAssembly>> ComputeService::JoinUpload(
     const std::string& owner, const v1::UploadHeader& header) {
