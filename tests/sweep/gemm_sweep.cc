@@ -306,8 +306,12 @@ class Sweep {
   }
 
  private:
+  // Done when it returns (a device-to-device cudaMemcpy returns before).
   static void CopyOnDevice(void* dst, const void* src, size_t bytes) {
-    if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess) std::exit(1);
+    if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+      std::exit(1);
+    }
   }
   static TensorView View(D dt, std::vector<int64_t> shape, const void* data) {
     return ResidentView(dt, std::move(shape), data);
