@@ -1112,7 +1112,7 @@ TEST(ResidentAdmissionTest, StreamsWhoseChunksWaitAreEachAnsweredOnce) {
       auto stub =
           v1::Compute::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
       for (int round = 0; round < kRounds; ++round) {
-        // 4 KiB to 60 KiB of random bits, a size that no chunk divides.
+        // 4 to 60 KB of random bits, most sizes not a whole number of chunks.
         const int64_t elements = 1000 + (t * 7919 + round * 104729) % 14000;
         const v1::Tensor tensor = RandomBits(v1::FLOAT32, {elements});
         auto info = client->Upload(tensor);
