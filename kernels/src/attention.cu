@@ -314,7 +314,8 @@ MmaPlan PlanMma(const AttentionArgs& a) {
   // The decode tile takes one row block of 16 packed rows. In two to four
   // row blocks it also took 17-64 rows (each block streaming K and V), at
   // 0.48-2.2x the time of the 64-row tile on random decode shapes, with no
-  // pattern read from them (sweep run 43, H100): 64-row tiles from 17 on.
+  // pattern read from them (sweep run 43, H100): from 17 rows on, the 64-
+  // and 128-row tiles.
   pl.decode = rows <= 16;
   const int kd = pl.decode ? DecodeHeadDim(a.head_dim) : PaddedHeadDim(a.head_dim);
   pl.kd = kd;
