@@ -9,14 +9,17 @@
 
 namespace gpucompute {
 
-// Most bytes of a client's string that an error message quotes.
+// Most characters of a client's string, as escaped, that an error message
+// quotes.
 inline constexpr size_t kMaxQuotedBytes = 256;
 
 // `text` in double quotes, C-escaped, for an error message: "abc". A string
-// longer than kMaxQuotedBytes is cut to that many bytes, followed by "..."
-// and its length: "abcd..." (8200 bytes). A message quoting what a client
-// sent thus stays small whatever the client sent: an unbounded echo could
-// make the reply fail on gRPC's metadata limit, or cost as much as the request.
+// whose escaped form is longer than kMaxQuotedBytes (an escape such as \x07
+// takes four) is cut to the longest prefix whose escaped form fits, followed
+// by "..." and its length in bytes: "abcd..." (8200 bytes). A message
+// quoting what a client sent thus stays small whatever the client sent: an
+// unbounded echo could make the reply fail on gRPC's metadata limit, or cost
+// as much as the request.
 std::string Quote(absl::string_view text);
 
 }  // namespace gpucompute
