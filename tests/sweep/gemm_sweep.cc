@@ -2,8 +2,8 @@
 // cuBLAS in the same run.
 //
 //   gc_sweep_gemm [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N]
-//                 [--no-variants] [--cooldown_ms=N] [--random=N [--seed=S]] [--list]
-//                 [--case=SPEC ...]
+//                 [--no-variants] [--cooldown_ms=N] [--l2=cold|warm]
+//                 [--random=N [--seed=S]] [--list] [--case=SPEC ...]
 //
 // Each case builds the GemmSpec as the service does, operands resident in
 // device memory and the result kept there (options.keep_output), and runs it
@@ -16,7 +16,8 @@
 // takes the case is forced by name and timed the same way (what
 // kernels/src/heuristics/gemm_heuristics.h is derived from), and the vendor
 // fallbacks "cublaslt" and "cublas" too. The vendor is cublasGemmStridedBatchedEx (the call
-// torch.matmul makes), timed the same way in the same process. Every default
+// torch.matmul makes), timed the same way in the same process. L2 is
+// flushed before every timed run of either (--l2=warm: not). Every default
 // result is checked against the vendor's.
 #include <cuda_runtime.h>
 
@@ -125,12 +126,14 @@ class Sweep {
         engine_(std::move(engine)),
         vendor_(options_.warmup, options_.reps) {
     call_.owner = "sweep";
+    vendor_.SetColdL2(options_.cold_l2);
   }
 
   // One request warmup + reps times (3 after 1 past 20 ms): the median
   // device busy time, the variant that ran, the last result.
   Timed Time(const std::function<absl::StatusOr<OpResult>()>& run) {
-    return TimeRequest(run, options_.warmup, options_.reps, 20e-3, options_.cooldown_ms);
+    return TimeRequest(run, options_.warmup, options_.reps, 20e-3, options_.cooldown_ms,
+                       /*gap_us=*/0, options_.cold_l2);
   }
 
   void Gemm(const Case& c) {
@@ -586,6 +589,10 @@ int main(int argc, char** argv) {
   options.json = "sweep-gemm.json";
   options.reps = 10;
   options.warmup = 2;
+  // L2 flushed before every run: a request writes a new output tensor each
+  // time, which the vendor's one reused C (and beta's addend restored right
+  // before its call) would otherwise not pay for while C fits in L2.
+  options.cold_l2 = true;
   std::string command;
   std::vector<sweep::Case> given;  // --case
   auto extra = [&](const std::string& arg) -> absl::StatusOr<bool> {

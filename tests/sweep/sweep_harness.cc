@@ -47,6 +47,12 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
       options->cooldown_ms = std::max(0, std::atoi(v->c_str()));
     } else if (auto v = value("--gap_us")) {
       options->gap_us = std::max(0, std::atoi(v->c_str()));
+    } else if (auto v = value("--l2")) {
+      if (*v != "cold" && *v != "warm") {
+        std::fprintf(stderr, "%s: --l2 is cold or warm, not '%s'\n", name, v->c_str());
+        return 2;
+      }
+      options->cold_l2 = *v == "cold";
     } else if (auto v = value("--random")) {
       options->random = std::max(0, std::atoi(v->c_str()));
     } else if (auto v = value("--seed")) {
@@ -57,14 +63,16 @@ std::optional<int> ParseSweepFlags(int argc, char** argv, const char* name, cons
     } else if (arg == "--help") {
       std::printf(
           "%s [--json=PATH] [--filter=SUBSTR] [--reps=N] [--warmup=N] [--no-variants]\n"
-          "  [--cooldown_ms=N] [--gap_us=N] [--random=N [--seed=S]] [--list]\n%s"
+          "  [--cooldown_ms=N] [--gap_us=N] [--l2=cold|warm] [--random=N [--seed=S]] [--list]\n%s"
           "  --cooldown_ms lets the GPU idle N ms before each timing, ours and the vendor's "
           "(default 0).\n"
           "  --gap_us lets it idle N us before each timed run (default %d).\n"
+          "  --l2=cold flushes L2 before each run, ours and the vendor's; warm leaves it\n"
+          "  (default %s).\n"
           "  --random runs N cases of random shapes from the sweep's classes instead of its\n"
           "  list, drawn with --seed (default: from the clock, written into the command).\n"
           "  --list prints the cases --filter keeps and stops.\n",
-          name, help, options->gap_us);
+          name, help, options->gap_us, options->cold_l2 ? "cold" : "warm");
       return 0;
     } else {
       const absl::StatusOr<bool> taken = extra ? extra(arg) : absl::StatusOr<bool>(false);
@@ -94,13 +102,14 @@ void CoolDown(int ms) {
 }
 
 Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
-                  double long_seconds, int cooldown_ms, int gap_us) {
+                  double long_seconds, int cooldown_ms, int gap_us, bool cold_l2) {
   Timed t;
   CoolDown(cooldown_ms);
   std::vector<double> s, spans;
   std::vector<int> clocks;
   DeviceTimer& timer = DeviceTimer::Get();
   for (int i = 0; i < warmup + reps; ++i) {
+    if (cold_l2) EvictL2();
     if (i >= warmup && gap_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
     timer.Begin();
     absl::StatusOr<OpResult> r = run();
@@ -174,8 +183,9 @@ FILE* OpenResults(const SweepOptions& options, const std::string& command) {
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   std::fprintf(f,
                "{\"gpu\": \"%s\", \"date\": \"%s\", \"command\": \"%s\", \"reps\": %d, "
-               "\"gap_us\": %d,\n",
-               DescribeGpu().c_str(), date, command.c_str(), options.reps, options.gap_us);
+               "\"gap_us\": %d, \"l2\": \"%s\",\n",
+               DescribeGpu().c_str(), date, command.c_str(), options.reps, options.gap_us,
+               options.cold_l2 ? "cold" : "warm");
   std::fprintf(f, " \"rows\": [\n");
   return f;
 }

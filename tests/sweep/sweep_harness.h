@@ -36,6 +36,13 @@ struct SweepOptions {
   // 10^6 cycles, ~0.5 ms): both then start each run from the same state.
   // 0: timed runs back to back.
   int gap_us = 0;
+  // --l2=cold: before each timed run, ours and the vendor's, L2 is flushed
+  // (EvictL2), as nvbench and Triton's do_bench time kernels; --l2=warm:
+  // each run finds what the one before it left there. Warm favours a vendor
+  // call that reuses one output buffer: with an output that fits in L2 its
+  // writes, and beta's addend restored right before it, stay there, while a
+  // request writes a new tensor each time. Each sweep sets its default.
+  bool cold_l2 = false;
   // With N > 0, N cases of random shapes drawn from the sweep's classes run
   // instead of its list (sizes log-uniform within each class's range, half
   // of them not powers of two): a look at shapes that no list names. `seed`
@@ -90,10 +97,12 @@ std::string ClockText(const Timed& t);
 void CoolDown(int ms);
 
 // Runs `run` warmup + reps times and times it, after the GPU has idled
-// `cooldown_ms`, and `gap_us` before each timed run. With long_seconds > 0,
-// a first run longer than that cuts the runs to 1 + 3.
+// `cooldown_ms`, and `gap_us` before each timed run, L2 flushed before each
+// run with cold_l2. With long_seconds > 0, a first run longer than that cuts
+// the runs to 1 + 3.
 Timed TimeRequest(const std::function<absl::StatusOr<OpResult>()>& run, int warmup, int reps,
-                  double long_seconds = 0, int cooldown_ms = 0, int gap_us = 0);
+                  double long_seconds = 0, int cooldown_ms = 0, int gap_us = 0,
+                  bool cold_l2 = false);
 
 // A view of `data`, device memory of GPU 0, as the engine takes operands.
 TensorView ResidentView(gpucompute::DType dtype, std::vector<int64_t> shape, const void* data);

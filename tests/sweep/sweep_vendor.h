@@ -40,6 +40,11 @@ void Poison(void* p, int64_t n, DType t);
 double MaxError(const void* a, DType ta, const void* b, DType tb, int64_t n, double atol,
                 double rtol);
 
+// Flushes L2: writes a device buffer of twice the L2's size (allocated on
+// first use) and waits, so that no line of earlier work is left there for
+// the next call (as nvbench and Triton's do_bench flush it between runs).
+void EvictL2();
+
 // Vendor calls. Every Time* function runs its call `warmup` times, then `reps`
 // times, and returns the median device busy time (DeviceTimer); the
 // result of the last call is in `out` (fp32 for the reductions). A negative
@@ -75,6 +80,9 @@ class Vendor {
                        DType dtype, std::string* which);
   // Changes the counts of later Time* calls (long cases take fewer).
   void SetReps(int warmup, int reps);
+  // With `cold`, later Time* calls flush L2 (EvictL2) before each run,
+  // after beta's addend is restored.
+  void SetColdL2(bool cold);
   // A D2D copy of `bytes` (the floor of any pass that reads and writes them).
   double TimeCopy(void* dst, const void* src, size_t bytes);
 
