@@ -610,6 +610,23 @@ TEST(GemmVariant, Tf32NnTakesOursOnlyOnItsClasses) {
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");  // a small C
   s.batch = 32;
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");  // 32 of them
+  // A small batch: ours where both sides are at least 192, from 2^27.
+  s.batch = 3;
+  s.m = 535;
+  s.n = 1024;
+  s.k = 144;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.m = 128;  // a side of 128: the vendor
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.m = 192;  // 4*192x1024x512
+  s.k = 512;
+  s.batch = 4;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.m = s.n = s.k = 256;
+  s.batch = 5;  // 2^26.3: the vendor
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.batch = 8;  // 2^27
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
 }
 
 // The default on rows TMA cannot read (heuristics/gemm_heuristics.h), host

@@ -123,6 +123,9 @@ inline constexpr double kGemmPackedThinMinFlopsPerCopiedByte = 1024;
 inline constexpr double kGemmOursMinVolume = 16777216.0;  // 2^24
 // tf32 NN with K up to this over at least 2^23 outputs runs ours (below).
 inline constexpr int64_t kGemmTf32ShortK = 128;
+// tf32 NN batches under kGemmPackedMinVolume run ours from these (below).
+inline constexpr int64_t kGemmTf32BatchMinSide = 192;
+inline constexpr double kGemmTf32BatchMinVolume = 134217728.0;  // 2^27
 
 // The variant the default runs: "cublaslt" (the vendor fallback), a rung of
 // the dtype's ladder by name, or "" for the ladder's own choice.
@@ -197,8 +200,23 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // Such a product is bound by C's writes; with C's rows off 32 bytes (an L2
   // sector) C^T's stores ran at half the fallback's rate: 8192x5700x32 140 us
   // against 81 (H100, run 31; every tile width 120-173 us).
+  //
+  // Smaller batches: ours where each problem is at least kGemmTf32BatchMinSide
+  // on both sides, from kGemmTf32BatchMinVolume (H100, runs 29-33 and the
+  // probes of run 44, against the fallback in the same run): 15 shapes,
+  // 1.00-1.67x but one (4*1024x768x64 0.93x; 3*535x1024x144 with B shared
+  // 1.67x, where the fallback ran 0.69x the vendor; 4*192x1024x512 1.13x,
+  // 2*1500x260x512 1.49x, 10*1000x200x128 with B shared 1.16x). With a side
+  // of 128 or less ours was behind (4*256x128x256 0.51x, 3*128x336x1024
+  // 0.53x, 4*1131x128x2048 0.80x, 3*2048x88x512 0.89x), and under 2^27 it
+  // was either way (5*256x256x256 0.78x, 2*300x700x200 1.16x). Run 45 (L2
+  // flushed before each run): the 11 probes it takes 0.90-1.43x cuBLAS,
+  // 1.12x geomean.
   if (tf32_nn && s.tma_ok && !s.beta) {
     if (s.batch > 1 && volume >= kGemmPackedMinVolume) return "wgmma_splitk";
+    if (s.batch > 1 && std::min(s.m, s.n) >= kGemmTf32BatchMinSide &&
+        volume >= kGemmTf32BatchMinVolume)
+      return "wgmma_splitk";
     if (s.k >= 64 * std::max(s.m, s.n) && s.m * s.n >= 65536) return "wgmma_splitk";
     if (s.k <= kGemmTf32ShortK && s.c_sectors &&
         double(s.m) * double(s.n) * double(s.batch) >= 8388608.0)
