@@ -627,6 +627,22 @@ TEST(GemmVariant, Tf32NnTakesOursOnlyOnItsClasses) {
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
   s.batch = 8;  // 2^27
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  // Short K with C's rows off 32 bytes (N = 1404): bound by C^T's stores, the
+  // vendor, in either batch rule; from K = 129 ours again.
+  s.batch = 16;
+  s.m = 2048;
+  s.n = 1404;
+  s.k = 64;
+  s.c_sectors = false;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.batch = 2;  // under 2^31
+  s.k = 128;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.k = 129;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.c_sectors = true;
+  s.k = 64;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
 }
 
 // The default on rows TMA cannot read (heuristics/gemm_heuristics.h), host

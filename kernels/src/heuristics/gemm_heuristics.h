@@ -212,10 +212,16 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // was either way (5*256x256x256 0.78x, 2*300x700x200 1.16x). Run 45 (L2
   // flushed before each run): the 11 probes it takes 0.90-1.43x cuBLAS,
   // 1.12x geomean.
+  //
+  // Neither batch rule where K is short and C's rows are off 32 bytes: such a
+  // product is bound by C^T's stores at half rate, as above (run 45:
+  // 16*2048x1404x64 with B shared 0.70x, the fallback 0.96x; with K from 300
+  // such rows ran ahead, 16*300x300x300 1.12x, 2*1500x260x512 1.37x).
   if (tf32_nn && s.tma_ok && !s.beta) {
-    if (s.batch > 1 && volume >= kGemmPackedMinVolume) return "wgmma_splitk";
+    const bool slow_short_c = s.k <= kGemmTf32ShortK && !s.c_sectors;
+    if (s.batch > 1 && volume >= kGemmPackedMinVolume && !slow_short_c) return "wgmma_splitk";
     if (s.batch > 1 && std::min(s.m, s.n) >= kGemmTf32BatchMinSide &&
-        volume >= kGemmTf32BatchMinVolume)
+        volume >= kGemmTf32BatchMinVolume && !slow_short_c)
       return "wgmma_splitk";
     if (s.k >= 64 * std::max(s.m, s.n) && s.m * s.n >= 65536) return "wgmma_splitk";
     if (s.k <= kGemmTf32ShortK && s.c_sectors &&
