@@ -10,7 +10,8 @@
 # printed last. SKIP_TESTS=1 leaves out part 1; SWEEP_ARGS passes flags to
 # gc_sweep_gemm (e.g. --filter=thin_m, --no-variants; --random=60 for 60
 # random shapes of its classes instead of its list, the seed in the command;
-# --case=8192x5700x32,tf32 --case=... for shapes of one's own).
+# --case=8192x5700x32,tf32 --case=... for shapes of one's own; --l2=warm to
+# time without flushing L2 before each run).
 set -u
 bundle=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/gpucompute-sweep}
