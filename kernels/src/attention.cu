@@ -348,15 +348,16 @@ MmaPlan PlanMma(const AttentionArgs& a) {
     }
   } else if (ctas < sms && key_blocks >= 8) {
     // Decode: exactly one wave of equal splits over every resident block slot,
-    // each kDecodeMinSplitBlocks long or more (heuristics). Otherwise about
+    // each DecodeMinSplitBlocks long or more (heuristics). Otherwise about
     // four blocks per SM, each split four key blocks or more.
     const int64_t want =
         pl.decode ? std::max<int64_t>(
                         1, int64_t(sms) * DecodeBlocksPerSm(a.dtype, kd, pl.decode_warps) / ctas)
                   : (4 * int64_t(sms) + ctas - 1) / ctas;
-    const int64_t splits = std::max<int64_t>(
-        1, std::min<int64_t>(
-               {want, pl.decode ? key_blocks / kDecodeMinSplitBlocks : key_blocks / 4, 128}));
+    const int64_t floor_blocks =
+        pl.decode ? DecodeMinSplitBlocks(ctas, want, key_blocks, sms) : 4;
+    const int64_t splits =
+        std::max<int64_t>(1, std::min<int64_t>({want, key_blocks / floor_blocks, 128}));
     const int64_t per = (key_blocks + splits - 1) / splits;
     pl.split_len = int(per * pl.bc);
     pl.splits = int((a.seq_kv + pl.split_len - 1) / pl.split_len);

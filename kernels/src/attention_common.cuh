@@ -247,11 +247,22 @@ __device__ __forceinline__ float Exp2Ftz(float x) {
   return y;
 }
 
+// How far (in log2 units of the scaled logits, a factor of 2^8 = 256) a
+// row's running maximum may trail the largest logit seen before it is
+// raised: a block whose new maximum stays within it keeps the old offset, so
+// alpha is exactly 1 and the output is not rescaled (FlashAttention-4's
+// conditional rescaling). P then reaches at most 2^8, as exact in a 16-bit
+// type as a weight under 1, and the sum and output in fp32 hold it; the
+// result and the LSE are those of the maximum kept (exp is shift-invariant).
+inline constexpr float kMaxLagLog2 = 8.f;
+
 // One online-softmax step for the two rows a thread holds (values spread over
 // the 4 lanes of a quad). On return s holds P = exp(scale (x - m_new)) and
 // alpha[h] = exp(scale (m_old - m_new)), the factor the running output and sum
-// must take. A row that has seen only -inf so far keeps m = -inf; it uses 0 as
-// its offset so that no (-inf) - (-inf) arises, and its P and alpha are 0.
+// must take; m_new is the block's maximum where it passes m_old by more than
+// kMaxLagLog2, else m_old (alpha then 1). A row that has seen only -inf so
+// far keeps m = -inf; it uses 0 as its offset so that no (-inf) - (-inf)
+// arises, and its P and alpha are 0.
 template <int kNT>
 __device__ __forceinline__ void OnlineSoftmax(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
                                               float (&alpha)[2], float scale_log2) {
@@ -262,10 +273,13 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kNT][4], float (&m)[2],
     for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_use = (mx == -INFINITY) ? 0.f : mx;
+    // From -inf any finite maximum passes (inf > lag); -inf to -inf is NaN,
+    // not taken.
+    const float m_new = (mx - m[h]) * scale_log2 > kMaxLagLog2 ? mx : m[h];
+    const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
     const float off = m_use * scale_log2;
-    alpha[h] = Exp2Ftz(m[h] * scale_log2 - off);
-    m[h] = mx;
+    alpha[h] = m_new == m[h] ? 1.f : Exp2Ftz(m[h] * scale_log2 - off);
+    m[h] = m_new;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < kNT; ++j) {

@@ -493,8 +493,8 @@ __global__ void __launch_bounds__(Tile::kThreads) FlashMmaDecodeKernel(const Att
       MaskBlock<2>(s, row_i, n0 + 2 * t, p.seq_kv, p.causal, p.causal_off);
     float alpha[2];
     OnlineSoftmax<2>(s, m, l, alpha, p.scale_log2);
-    // O keeps its scale while no row of the warp found a new maximum (most
-    // key tiles of a long cache): alpha is then exactly 2^0 = 1.
+    // O keeps its scale while no row of the warp raised its maximum (most
+    // key tiles of a long cache; OnlineSoftmax's kMaxLagLog2).
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int j = 0; j < kDT; ++j) {

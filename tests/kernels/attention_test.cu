@@ -25,6 +25,10 @@ struct Shape {
   bool misaligned = false;  // base pointers off 16-byte alignment
   bool no_lse = false;
   bool out_f32 = false;     // O written as fp32 (AttentionArgs::out_f32)
+  // K's rows scaled up along the keys (x0.25 at the first, x1.25 at the
+  // last) on top of big_logits: each row's maximum climbs block after block,
+  // by less than the softmax's lag (P past 1) and by more (O rescaled).
+  bool ramp_keys = false;
 };
 
 struct Case {
@@ -38,7 +42,7 @@ std::string Describe(const Case& c) {
   std::string n = (c.variant.empty() ? "default" : c.variant) + "_B" + std::to_string(s.b) + "_H" +
                   std::to_string(s.hq) + "x" + std::to_string(s.hkv) + "_Sq" +
                   std::to_string(s.sq) + "_Skv" + std::to_string(s.skv) + "_D" +
-                  std::to_string(s.d) + (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") +
+                  std::to_string(s.d) + (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") + (s.ramp_keys ? "_ramp" : "") +
                   (s.misaligned ? "_misaligned" : "") + (s.no_lse ? "_nolse" : "") +
                   (s.out_f32 ? "_of32" : "") + "_" + kernels::DTypeName(c.dtype);
   return n;
@@ -126,9 +130,17 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   const Shape& s = c.s;
   const size_t es = kernels::DTypeSize(c.dtype);
   const size_t nq = s.b * s.hq * s.sq * s.d, nkv = s.b * s.hkv * s.skv * s.d;
-  const double lim = s.big_logits ? 2.0 : 1.0;
+  const bool big = s.big_logits || s.ramp_keys;
+  const double lim = big ? 2.0 : 1.0;
   HostData hq = RandomHost(nq, c.dtype, -lim, lim);
   HostData hk = RandomHost(nkv, c.dtype, -lim, lim);
+  if (s.ramp_keys) {
+    for (size_t i = 0; i < nkv; ++i) {
+      const int64_t key = int64_t(i / s.d) % s.skv;
+      StoreHost(hk.bytes.data(), i, c.dtype, hk.values[i] * (0.25 + double(key) / s.skv));
+      hk.values[i] = LoadHost(hk.bytes.data(), i, c.dtype);
+    }
+  }
   HostData hv = RandomHost(nkv, c.dtype, -1, 1);
   const size_t off = s.misaligned ? es : 0;
   const DType out_t = s.out_f32 ? DType::kF32 : c.dtype;
@@ -160,12 +172,12 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   a.head_dim = s.d;
   a.dtype = c.dtype;
   a.causal = s.causal;
-  a.scale = s.big_logits ? 1.0f : 0.f;
+  a.scale = big ? 1.0f : 0.f;
   a.out_f32 = s.out_f32;
   const kernels::Support ok = kernels::CanImplementAttention(a, c.variant);
   if (!ok) GTEST_SKIP() << "refused: " << ok.reason;
   const std::string ran(kernels::AttentionVariantName(a, c.variant));
-  if (c.dtype == DType::kF32 && s.big_logits && ran != "reference")
+  if (c.dtype == DType::kF32 && big && ran != "reference")
     GTEST_SKIP() << "fp32 inputs are rounded to bf16 by the tensor-core versions; logits of "
                     "~50 magnify that rounding beyond an fp32 tolerance";
 
@@ -176,7 +188,7 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   GC_ASSERT_CUDA(cudaDeviceSynchronize());
 
   std::vector<double> ref_o, ref_lse;
-  const double scale = s.big_logits ? 1.0 : 1.0 / std::sqrt(double(s.d));
+  const double scale = big ? 1.0 : 1.0 / std::sqrt(double(s.d));
   CpuAttention(s, scale, hq.values, hk.values, hv.values, &ref_o, &ref_lse);
 
   std::vector<uint8_t> got(nq * eo);
@@ -270,6 +282,12 @@ std::vector<Case> AllCases() {
       {1, 2, 2, 300, 555, 128, true, false, false, false, true},
       {1, 8, 2, 3, 1000, 64, false, false, false, false, true},
       {2, 2, 1, 1000, 1000, 96, false, false, false, true, true},
+      // Maxima that climb along the keys (the softmax's lag both ways): the
+      // wgmma tile with and without the mask, key splits, the decode tile.
+      {1, 4, 2, 300, 4097, 64, false, false, false, false, false, true},
+      {1, 2, 2, 1000, 3000, 128, true, false, false, false, false, true},
+      {1, 8, 1, 1, 5000, 128, false, false, false, false, false, true},
+      {2, 8, 2, 40, 2000, 96, true, false, false, false, false, true},
   };
   std::vector<Case> cases;
   std::vector<std::string> variants = kernels::AttentionVariants();
@@ -364,6 +382,38 @@ TEST(AttentionVariant, WideDecodeTilesTakeTwoWarpsWhereTheWorkFillsTheirBlockSlo
   EXPECT_FALSE(kernels::MergeByWarps(16, 132));
   EXPECT_FALSE(kernels::MergeByWarps(527, 132));
   EXPECT_TRUE(kernels::MergeByWarps(528, 132));
+}
+
+// The shortest key split of flash_mma's decode tile under one wave
+// (heuristics), host only: four key blocks where the grid keeps a block per
+// SM with splits that long, else one.
+TEST(AttentionVariant, DecodeSplitsRunLongerWhereTheGridStillFillsTheSms) {
+  using kernels::DecodeMinSplitBlocks;
+  EXPECT_EQ(DecodeMinSplitBlocks(16, 49, 128, 132), 4);  // B2 H64/8 Skv8192 D64: 16 x 32
+  EXPECT_EQ(DecodeMinSplitBlocks(5, 158, 128, 132), 4);  // 5 x 32 blocks
+  EXPECT_EQ(DecodeMinSplitBlocks(48, 8, 8, 132), 1);     // B12 H32/4 Skv512 D128: 48 x 2
+  EXPECT_EQ(DecodeMinSplitBlocks(8, 49, 64, 132), 1);    // 8 x 16 = 128 < 132
+  EXPECT_EQ(DecodeMinSplitBlocks(33, 4, 64, 132), 4);    // want bounds it: 33 x 4
+  EXPECT_EQ(DecodeMinSplitBlocks(33, 4, 64, 144), 1);    // the same on 144 SMs
+  EXPECT_EQ(DecodeMinSplitBlocks(100, 7, 3, 132), 1);    // under four blocks: no long split
+}
+
+// Key splits of flash_wgmma (heuristics), host only: about one wave up to
+// half the SMs; past half, the count whose busiest SM walks the fewest key
+// blocks with each split's fixed cost (two blocks) counted.
+TEST(AttentionVariant, WgmmaSplitsFillTheSmsTheTilesLeaveIdle) {
+  using kernels::WgmmaKeySplits;
+  EXPECT_EQ(WgmmaKeySplits(132, 256, 132), 1);  // a tile per SM
+  EXPECT_EQ(WgmmaKeySplits(32, 256, 132), 4);   // 128 of 132 SMs in one wave
+  EXPECT_EQ(WgmmaKeySplits(48, 64, 132), 2);    // under half: one wave
+  EXPECT_EQ(WgmmaKeySplits(1, 1024, 132), 64);  // at most 64
+  EXPECT_EQ(WgmmaKeySplits(16, 11, 132), 5);    // two key blocks a split at least
+  EXPECT_EQ(WgmmaKeySplits(8, 3, 132), 1);      // under four key blocks: none
+  // Past half the SMs (one split a tile was the only wave).
+  EXPECT_EQ(WgmmaKeySplits(80, 256, 132), 8);   // five rounds of 32 blocks: 170 against 258
+  EXPECT_EQ(WgmmaKeySplits(88, 32, 132), 3);    // two rounds of 11: 26 against 34
+  EXPECT_EQ(WgmmaKeySplits(104, 14, 132), 1);   // short splits: their fixed cost outweighs
+  EXPECT_EQ(WgmmaKeySplits(131, 1000, 132), 1); // one SM idle: two rounds cost as much
 }
 
 // The tail split of flash_wgmma's persistent grid (heuristics), host only:

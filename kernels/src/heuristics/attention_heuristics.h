@@ -28,6 +28,7 @@
 #ifndef GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 #define GPUCOMPUTE_KERNELS_SRC_HEURISTICS_ATTENTION_HEURISTICS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gpucompute/kernels/common.h"
@@ -136,6 +137,22 @@ inline int64_t DecodeWaveSplits(int64_t blocks, int64_t slots, int64_t key_block
 // 10.8 -> 10.1 us at B4 Skv2048 D64, 9.5 -> 5.1 us at B1 H1 Skv1057 D64.
 inline constexpr int64_t kDecodeMinSplitBlocks = 1;
 
+// A longer floor, kDecodeLongSplitBlocks key blocks a split, where the grid
+// keeps a block for every SM with it: a split's fixed costs (Q, the warps'
+// merge, the partial and its row of the split merge) weigh against a body of
+// one to three key blocks, and with the SMs all busy the stream loses nothing
+// by fewer, longer splits. Sweep run 39 (H100, the floor of 4 everywhere
+// against 1, two decode sets and the list): of the 40 rows whose plan it
+// changes, the 13 whose grid stays at or past the SMs took 0.84-1.06x the
+// time (B5 H4/1 Sq4 Skv8192 D64 causal 0.84x, B2 H64/8 Sq1 Skv8192 D64
+// 0.85x), the 27 whose grid falls under them 0.95-1.58x (B12 H32/4 Sq1 Skv512
+// D128, 384 blocks of one key block: 1.14x as 96 blocks of four).
+inline constexpr int64_t kDecodeLongSplitBlocks = 4;
+inline int64_t DecodeMinSplitBlocks(int64_t blocks, int64_t want, int64_t key_blocks, int sms) {
+  const int64_t long_splits = std::min(want, key_blocks / kDecodeLongSplitBlocks);
+  return blocks * long_splits >= sms ? kDecodeLongSplitBlocks : kDecodeMinSplitBlocks;
+}
+
 // Warps of flash_mma's decode block (16 keys each per key tile) at a tile
 // width of 224 or 256, where four warps leave room for one block per SM and
 // two warps for three (four since run 42, below): two where the grid's
@@ -174,15 +191,35 @@ inline constexpr int64_t kWarpMergeRowsPerSm = 4;
 inline bool MergeByWarps(int64_t rows, int sms) { return rows >= kWarpMergeRowsPerSm * sms; }
 
 // Key splits of flash_wgmma (flash-decoding): when its work tiles (query
-// blocks x heads) leave SMs idle, the keys of each are split so that about
-// one wave of tiles runs, each split at least two key blocks long; the
-// partial results are merged by their LSE. 1: no split.
+// blocks x heads) leave SMs idle, the keys of each are split; the partial
+// results are merged by their LSE. 1: no split.
+//   - Up to half the SMs: about one wave of splits (sms / tiles), each at
+//     least two key blocks long, at most 64.
+//   - Between half and all of them one wave is one split a tile, and up to
+//     half the SMs idle: the count (2 to 64) whose busiest SM costs least,
+//     rounds x (key blocks a split + kWgmmaSplitCostBlocks, a split's fixed
+//     cost: its Q, its fp32 partial and its share of the merge), fewest
+//     splits among equals. Sweep run 47 (H100, against one split): B5 H16/8
+//     Sq17 Skv32768 D64 causal, 80 tiles of 256 key blocks, 8 splits: 299 ->
+//     200 us (0.63 -> 0.94x FA2); B1 H4/1 S4096 D32 causal lse, 88 tiles, 3
+//     splits: 52.8 -> 42.0 us (0.81 -> 1.02x cuDNN); B1 H8/1 Sq1348 Skv6287
+//     D128 causal 0.84x and B32 H3 Sq39 Skv32768 D64 causal 0.90x the time.
+//     Without the fixed cost B13 H8/1 Sq97 Skv1112 D232 causal (104 tiles of
+//     14 key blocks, one Q slot) took 5 splits of 3 blocks: 31.8 -> 78.6 us;
+//     with it, one. Below half the SMs the same count moved B3 H16 Sq67
+//     Skv8192 D64 causal from 2 splits to 5 (44.5 -> 45.6 us): not taken.
+inline constexpr int64_t kWgmmaSplitCostBlocks = 2;
 inline int64_t WgmmaKeySplits(int64_t tiles, int64_t key_blocks, int sms) {
   if (tiles >= sms || key_blocks < 4) return 1;
-  int64_t splits = sms / tiles;
-  if (splits > key_blocks / 2) splits = key_blocks / 2;
-  if (splits > 64) splits = 64;
-  return splits < 1 ? 1 : splits;
+  const int64_t most = std::min<int64_t>(64, key_blocks / 2);
+  if (2 * tiles <= sms) return std::max<int64_t>(1, std::min<int64_t>(sms / tiles, most));
+  auto busiest = [&](int64_t s) {
+    return (tiles * s + sms - 1) / sms * ((key_blocks + s - 1) / s + kWgmmaSplitCostBlocks);
+  };
+  int64_t best = 1;
+  for (int64_t s = 2; s <= most; ++s)
+    if (busiest(s) < busiest(best)) best = s;
+  return best;
 }
 
 // The tail of flash_wgmma's persistent grid without the mask: `tiles` work
