@@ -354,8 +354,7 @@ MmaPlan PlanMma(const AttentionArgs& a) {
         pl.decode ? std::max<int64_t>(
                         1, int64_t(sms) * DecodeBlocksPerSm(a.dtype, kd, pl.decode_warps) / ctas)
                   : (4 * int64_t(sms) + ctas - 1) / ctas;
-    const int64_t floor_blocks =
-        pl.decode ? DecodeMinSplitBlocks(ctas, want, key_blocks, sms) : 4;
+    const int64_t floor_blocks = pl.decode ? DecodeMinSplitBlocks(ctas, want, key_blocks, sms) : 4;
     const int64_t splits =
         std::max<int64_t>(1, std::min<int64_t>({want, key_blocks / floor_blocks, 128}));
     const int64_t per = (key_blocks + splits - 1) / splits;

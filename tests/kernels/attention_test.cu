@@ -42,9 +42,10 @@ std::string Describe(const Case& c) {
   std::string n = (c.variant.empty() ? "default" : c.variant) + "_B" + std::to_string(s.b) + "_H" +
                   std::to_string(s.hq) + "x" + std::to_string(s.hkv) + "_Sq" +
                   std::to_string(s.sq) + "_Skv" + std::to_string(s.skv) + "_D" +
-                  std::to_string(s.d) + (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") + (s.ramp_keys ? "_ramp" : "") +
-                  (s.misaligned ? "_misaligned" : "") + (s.no_lse ? "_nolse" : "") +
-                  (s.out_f32 ? "_of32" : "") + "_" + kernels::DTypeName(c.dtype);
+                  std::to_string(s.d) + (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") +
+                  (s.ramp_keys ? "_ramp" : "") + (s.misaligned ? "_misaligned" : "") +
+                  (s.no_lse ? "_nolse" : "") + (s.out_f32 ? "_of32" : "") + "_" +
+                  kernels::DTypeName(c.dtype);
   return n;
 }
 
@@ -410,10 +411,10 @@ TEST(AttentionVariant, WgmmaSplitsFillTheSmsTheTilesLeaveIdle) {
   EXPECT_EQ(WgmmaKeySplits(16, 11, 132), 5);    // two key blocks a split at least
   EXPECT_EQ(WgmmaKeySplits(8, 3, 132), 1);      // under four key blocks: none
   // Past half the SMs (one split a tile was the only wave).
-  EXPECT_EQ(WgmmaKeySplits(80, 256, 132), 8);   // five rounds of 32 blocks: 170 against 258
-  EXPECT_EQ(WgmmaKeySplits(88, 32, 132), 3);    // two rounds of 11: 26 against 34
-  EXPECT_EQ(WgmmaKeySplits(104, 14, 132), 1);   // short splits: their fixed cost outweighs
-  EXPECT_EQ(WgmmaKeySplits(131, 1000, 132), 1); // one SM idle: two rounds cost as much
+  EXPECT_EQ(WgmmaKeySplits(80, 256, 132), 8);    // five rounds of 32 blocks: 170 against 258
+  EXPECT_EQ(WgmmaKeySplits(88, 32, 132), 3);     // two rounds of 11: 26 against 34
+  EXPECT_EQ(WgmmaKeySplits(104, 14, 132), 1);    // short splits: their fixed cost outweighs
+  EXPECT_EQ(WgmmaKeySplits(131, 1000, 132), 1);  // one SM idle: two rounds cost as much
 }
 
 // The tail split of flash_wgmma's persistent grid (heuristics), host only:

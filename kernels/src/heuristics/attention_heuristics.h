@@ -146,7 +146,11 @@ inline constexpr int64_t kDecodeMinSplitBlocks = 1;
 // changes, the 13 whose grid stays at or past the SMs took 0.84-1.06x the
 // time (B5 H4/1 Sq4 Skv8192 D64 causal 0.84x, B2 H64/8 Sq1 Skv8192 D64
 // 0.85x), the 27 whose grid falls under them 0.95-1.58x (B12 H32/4 Sq1 Skv512
-// D128, 384 blocks of one key block: 1.14x as 96 blocks of four).
+// D128, 384 blocks of one key block: 1.14x as 96 blocks of four). This rule
+// against the floor of one, same build (run 45, H100): 0.992x and 0.994x the
+// time over two random decode sets, every row that moved by more than 3%
+// faster (B5 H4/1 Sq4 Skv8192 D64 causal 0.75x, B2 H64/8 Sq1 Skv8192 D64
+// 0.83x: 0.87 -> 1.05x cuDNN).
 inline constexpr int64_t kDecodeLongSplitBlocks = 4;
 inline int64_t DecodeMinSplitBlocks(int64_t blocks, int64_t want, int64_t key_blocks, int sms) {
   const int64_t long_splits = std::min(want, key_blocks / kDecodeLongSplitBlocks);
