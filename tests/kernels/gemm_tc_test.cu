@@ -517,18 +517,29 @@ TEST(GemmTilePlan, WholeWavesOfTiles) {
 }
 
 TEST(GemmTilePlan, ClusterSplitsFitTheGpu) {
-  // With room for clusters, a split of few ranges adds up inside one cluster
-  // (no partials kernel): 16 rows against a 4096 x 4096 weight.
+  // With room for clusters, a split of few ranges over a large C adds up
+  // inside one cluster (no partials' round trip through HBM): 64 rows against
+  // a 7524 x 7392 weight, 2 ranges.
   kernels::GemmClusterFit fit;
   for (int s = 2; s <= kernels::kGemmMaxClusterSplits; ++s) fit.clusters[s] = 132 / s;
-  kernels::GemmTilePlan p = kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true, &fit);
+  kernels::GemmTilePlan p = kernels::ChooseWgmmaTilePlan(64, 7524, 116, 1, 132, 0, true, &fit);
   EXPECT_TRUE(p.cluster);
   EXPECT_TRUE(p.swap);
   EXPECT_GE(p.splits, 2);
   EXPECT_LE(p.splits, kernels::kGemmMaxClusterSplits);
-  EXPECT_GE(int64_t(p.splits) * p.kb_per_split, 64);
-  const int64_t tiles = (4096 / 128) * ((16 + p.bn - 1) / p.bn);
+  EXPECT_GE(int64_t(p.splits) * p.kb_per_split, 116);
+  const int64_t tiles = ((7524 + 127) / 128) * ((64 + p.bn - 1) / p.bn);
   EXPECT_LE(tiles, fit.clusters[p.splits]);
+  // Over a small C the reduction costs more than the partials' round trip:
+  // 16 rows against a 4096 x 4096 weight splits without a cluster.
+  p = kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true, &fit);
+  EXPECT_FALSE(p.cluster);
+  EXPECT_GE(p.splits, 2);
+  // A handful of tiles over a short K: no 8-range cluster split (640x512x1024
+  // bf16 ran 11.6 us so, 6.2 unsplit on 128 x 64 tiles).
+  p = kernels::ChooseWgmmaTilePlan(640, 512, 16, 1, 132, 0, true, &fit);
+  EXPECT_EQ(p.splits, 1);
+  EXPECT_EQ(p.bn, 64);
   // Only as many ranges as let every tile's cluster be resident at once.
   const kernels::GemmTilePlan q =
       kernels::PlanGemmSplitK(4096, 16, 64, 1, 64, 132, &fit);  // 32 tiles
@@ -561,11 +572,21 @@ TEST(GemmTilePlan, ThinTilesOnlyWhereBIsKMajor) {
   p = kernels::ChooseWgmmaTilePlan(16, 4096, 64, 1, 132, 0, true, nullptr,
                                    kernels::kGemmThinUnswapped);
   EXPECT_GE(p.bn, 64);
-  // 32 rows: 32 columns; 64 rows and more: never thin unless named.
+  // 32 rows: 32 columns; 64: the cheaper plan, 64 columns here.
   EXPECT_EQ(kernels::ChooseWgmmaTilePlan(32, 4096, 64, 1, 132, 0, true, nullptr, both).bn, 32);
   EXPECT_GE(kernels::ChooseWgmmaTilePlan(64, 4096, 64, 1, 132, 0, true, nullptr, both).bn, 64);
   EXPECT_GE(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 0, true, nullptr, both).bn, 64);
   EXPECT_EQ(kernels::ChooseWgmmaTilePlan(4096, 4096, 64, 1, 132, 32, false, nullptr, both).bn, 32);
+  // Rows that fill the tile's 128: thin tiles where they make the waves
+  // (256x63x16384 f16, B K-major: 16 and 32 columns ran 1.5x faster than 64).
+  p = kernels::ChooseWgmmaTilePlan(256, 63, 256, 1, 132, 0, false, nullptr,
+                                   kernels::kGemmThinUnswapped);
+  EXPECT_EQ(p.bn, 32);
+  p = kernels::ChooseWgmmaTilePlan(100, 63, 256, 1, 132, 0, false, nullptr,
+                                   kernels::kGemmThinUnswapped);  // rows not full
+  EXPECT_EQ(p.bn, 64);
+  p = kernels::ChooseWgmmaTilePlan(256, 63, 256, 1, 132, 0, false, nullptr, 0);  // B N-major
+  EXPECT_EQ(p.bn, 64);
 }
 
 TEST(GemmTilePlan, SwapsThinProblemsOnlyWhenAllowed) {
@@ -799,6 +820,37 @@ TEST(GemmVariant, RowsOfCOff16BytesTakeOursWhereTmaReadsAAndB) {
   s.trans_b = false;
   s.beta = true;  // tf32 NN with beta: C^T read element by element
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  // Beta on 16-bit C off 16 bytes (read two bytes at a time): ours only
+  // where 128 x 128 tiles leave SMs idle.
+  s = kernels::GemmShape{};
+  s.ab = DType::kF16;
+  s.tma_ok = true;
+  s.trans_b = true;
+  s.c_aligned = false;
+  s.beta = true;
+  s.m = 512;
+  s.n = 885;
+  s.k = 512;  // 4 x 7 tiles
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.m = 2934;
+  s.n = 2726;  // 23 x 22 tiles
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.m = 1308;
+  s.n = 724;
+  s.k = 256;
+  s.batch = 4;  // 264 tiles
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.batch = 2;  // 132 tiles: every SM one
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "cublaslt");
+  s.sms = 160;  // a GPU with more SMs
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.sms = 132;
+  s.beta = false;  // C written from the fragments
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
+  s.beta = true;
+  s.c_bytes = 4;  // fp32 C read whole (2 K over 4 bytes must reach 256)
+  s.k = 512;
+  EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_splitk");
   s = kernels::GemmShape{};
   s.ab = DType::kF32;  // exact fp32: the SIMT ladder's rules
   s.tma_ok = true;

@@ -173,9 +173,21 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // rule was set from: the 15 shapes it takes 1.56x, the least 1.01x. Left
   // out too: one row or column (cuBLAS's GEMV), and tf32 NN with beta (run
   // as C^T, read element by element: below).
+  //
+  // Nor with beta on 16-bit C (read element by element, two bytes at a time)
+  // where 128 x 128 tiles alone fill the SMs: the fallback then runs whole
+  // waves too, and C's reads outweigh what the split saves (H100, runs
+  // 44-48): the two such rows the default gave it ran 0.60x (2934x2726x512 NT
+  // f16) and 0.46x (4*1308x724x256 NT f16), and the five it was forced on
+  // (K of 8-128, which c_pays leaves to the fallback anyway) 0.32-0.46x,
+  // where the fallback ran 0.96-1.28x. With fewer tiles the default's 22 such
+  // rows ran 1.0x or better but two (512x885x512 NT 1.42x, 257x493x4096 NT
+  // 1.87x; 122x3412x1024 NT 0.78x, 16*512x142x512 TT 0.85x).
   const bool tf32_nn = s.tf32 && !s.trans_a && !s.trans_b;
+  const double tiles_128 = double(s.batch) * double((s.m + 127) / 128) * double((s.n + 127) / 128);
   if (tensor_cores && s.tma_ok && !s.c_aligned && thin > 1 && c_pays &&
-      volume >= kGemmOursMinVolume && !(tf32_nn && s.beta))
+      volume >= kGemmOursMinVolume && !(tf32_nn && s.beta) &&
+      !(c_read_by_halves && tiles_128 >= s.sms))
     return "wgmma_splitk";
   // tf32 with A transposed and B not (TN): cuBLAS's tf32 TN kernels ran
   // ~1.6x slower than its NT ones; one operand copied K-major first:
@@ -278,8 +290,19 @@ inline constexpr double kGemmHbmBytesPerUs = 3.0e6;
 // A split whose ranges add up inside one thread block cluster (2-8 CTAs,
 // through distributed shared memory): two cluster barriers and the sums'
 // reads instead of the partials' round trip through HBM and a second kernel.
+// Its cost grows with the ranges (H100, sweep-gemm.md run 46, each split
+// forced with and without the cluster on problems of 4-64 tiles): against
+// the partials' split of as many ranges, 16-bit on 64-192 columns, 0.2-3.4
+// us less at 2 ranges (640x512x1024 bf16 on 128 x 64 tiles: 7.4 against 9.2
+// us, 6.7 unsplit), within 1.5 us at 4, 1.3-2.9 us more at 8 (256x256x8192
+// on 128 x 128 tiles: 13.7 against 12.0); tf32 more (512x128x10080 in 8
+// ranges: 33.9 against 25.2). It was charged 1 us, which took 8-range
+// cluster splits of a few wide tiles (640x512x1024: 11.6 us in run 44). Now
+// kGemmClusterReduceUs plus kGemmClusterReducePerSplitUs a range (read from
+// run 44's splits; with the thin tiles below, runs 46-48 measured it).
 inline constexpr int kGemmMaxClusterSplits = 8;
-inline constexpr double kGemmClusterReduceUs = 1.0;
+inline constexpr double kGemmClusterReduceUs = 1.9;
+inline constexpr double kGemmClusterReducePerSplitUs = 0.45;
 
 struct GemmTilePlan {
   int bn = 256;          // tile columns (128 rows)
@@ -328,7 +351,8 @@ inline double GemmTilePlanUs(int64_t m, int64_t n, int64_t batch, const GemmTile
   double us = waves * plan.kb_per_split * kGemmKBlockUs * (plan.bn / 256.0) / speed;
   const double c_bytes = double(m) * double(n) * double(batch) * 4.0;
   if (plan.splits > 1 && plan.cluster)
-    us += kGemmClusterReduceUs + c_bytes / kGemmHbmBytesPerUs;
+    us += kGemmClusterReduceUs + kGemmClusterReducePerSplitUs * plan.splits +
+          c_bytes / kGemmHbmBytesPerUs;
   else if (plan.splits > 1)
     us += kGemmSplitLaunchUs + (2.0 * plan.splits + 1.0) * c_bytes / kGemmHbmBytesPerUs;
   return us;
@@ -347,8 +371,16 @@ inline double GemmTilePlanUs(int64_t m, int64_t n, int64_t batch, const GemmTile
 // With `fit` (the GPU's room for clusters of the split-K kernel) a split of
 // 2-8 ranges that add up inside a cluster is a candidate too. Thin tiles
 // (fewer than 64 columns) are candidates for the orientations thin_sides
-// names (kGemmThinUnswapped, kGemmThinSwapped), where the width is named or
-// the tile's columns are at most 32.
+// names (kGemmThinUnswapped, kGemmThinSwapped), where the width is named,
+// the problem's columns are at most 32, or its rows fill the tile's 128. The
+// last since run 46: run 45's forced widths had 16- and 32-column tiles
+// ahead of the plan on wider problems (256x63x16384 NT f16 1.10x -> 1.68x
+// cuBLAS, 512x885x512 NT with beta 1.42x -> 1.97x). With the reduction's
+// cost above, against the model before both (H100, runs 46-47, 93 fresh
+// seeds, each timed under both in turn): the 689 rows on our kernels in
+// 0.983x the time, 84 more than 5% faster, 29 more than 5% slower
+// (8*36x339x512 NT 0.54x, 512x957x256 NT 1.35x); leaving out the cluster
+// split altogether was 1.004x the time of this (runs 47-48).
 inline GemmTilePlan ChooseWgmmaTilePlan(int64_t m, int64_t n, int64_t kblocks, int64_t batch,
                                         int sms, int only_bn = 0, bool allow_swap = false,
                                         const GemmClusterFit* fit = nullptr,
@@ -360,7 +392,7 @@ inline GemmTilePlan ChooseWgmmaTilePlan(int64_t m, int64_t n, int64_t kblocks, i
     const bool thin_ok = thin_sides & (swap ? kGemmThinSwapped : kGemmThinUnswapped);
     for (const GemmTileSpeed& t : kGemmTileSpeed) {
       if (only_bn != 0 && t.bn != only_bn) continue;
-      if (t.bn < 64 && (!thin_ok || (only_bn == 0 && cols > 32))) continue;
+      if (t.bn < 64 && (!thin_ok || (only_bn == 0 && cols > 32 && rows < 128))) continue;
       const GemmTilePlan split = PlanGemmSplitK(rows, cols, kblocks, batch, t.bn, sms);
       GemmTilePlan whole = split;
       whole.splits = 1;
