@@ -372,7 +372,7 @@ inline double GemmTilePlanUs(int64_t m, int64_t n, int64_t batch, const GemmTile
 // 2-8 ranges that add up inside a cluster is a candidate too. Thin tiles
 // (fewer than 64 columns) are candidates for the orientations thin_sides
 // names (kGemmThinUnswapped, kGemmThinSwapped), where the width is named,
-// the problem's columns are at most 32, or its rows fill the tile's 128. The
+// the problem's columns are at most 32, or it has at least the tile's 128 rows. The
 // last since run 46: run 45's forced widths had 16- and 32-column tiles
 // ahead of the plan on wider problems (256x63x16384 NT f16 1.10x -> 1.68x
 // cuBLAS, 512x885x512 NT with beta 1.42x -> 1.97x). With the reduction's
