@@ -584,8 +584,8 @@ cudaError_t LaunchWgmmaTile(const AttentionArgs& a, const WgmmaPlan& pl, const A
       return e;
   }
   dim3 grid(unsigned(pl.persistent ? SmCount() : tiles));
-  // A block that runs one tile never uses the second Q slot; a persistent
-  // one stages O in a buffer of its own where that fits.
+  // A block that runs one tile never uses the Q slots past the first; a
+  // persistent one stages O in a buffer of its own where that fits.
   size_t smem = pl.persistent ? Tile::kSmemBytes : Tile::kOneTileSmemBytes;
   if (o_tma && pl.persistent && Tile::kOStaged) {
     o_tma = 2;
@@ -603,11 +603,13 @@ cudaError_t LaunchWgmma(const AttentionArgs& a, const WgmmaPlan& pl, const AttnP
     if (pl.br == 192)
       return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 3>(a, pl, p, stream)
                       : LaunchWgmmaTile<M, 64, false, kSched, 3>(a, pl, p, stream);
-    return a.causal ? LaunchWgmmaTile<M, 64, true, kSched, 2>(a, pl, p, stream)
-                    : LaunchWgmmaTile<M, 64, false, kSched, 2>(a, pl, p, stream);
+    if (a.causal) return LaunchWgmmaTile<M, 64, true, kSched, 2>(a, pl, p, stream);
+    return pl.bc == 64 ? LaunchWgmmaTile<M, 64, false, kSched, 2, 64>(a, pl, p, stream)
+                       : LaunchWgmmaTile<M, 64, false, kSched, 2>(a, pl, p, stream);
   }
   if (pl.kd == 128) {
     if (a.causal) return LaunchWgmmaTile<M, 128, true, kSched, 2>(a, pl, p, stream);
+    if (pl.bc == 64) return LaunchWgmmaTile<M, 128, false, kSched, 2, 64>(a, pl, p, stream);
     return pl.bc == 176 ? LaunchWgmmaTile<M, 128, false, kSched, 2, 176>(a, pl, p, stream)
                         : LaunchWgmmaTile<M, 128, false, kSched, 2>(a, pl, p, stream);
   }

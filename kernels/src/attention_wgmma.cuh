@@ -10,8 +10,8 @@
 // (TailSplit, CombineTailKernel). Warpgroup 0 is the producer: it drops its
 // registers (setmaxnreg) and one of its threads picks the tiles (a fixed
 // stride, or a counter in global memory) and issues the TMA copies: each
-// tile's Q into one of two slots, then the K and V tiles of every key block
-// into a kStages-deep ring. Each copy lands on its own "full" mbarrier
+// tile's Q into one of its Q slots (kQSlots), then the K and V tiles of
+// every key block into a kStages-deep ring. Each copy lands on its own "full" mbarrier
 // (transaction count); a K or V stage is refilled only after every consumer
 // warp has arrived on its "empty" mbarrier (K as soon as Q K^T has read it,
 // V after P V). Each tile travels with its Q (its rows, head and key range,
@@ -43,9 +43,10 @@
 // columns past it. Q K^T runs over the whole padded width (a runtime bound on
 // its k steps cost the d128 kernel 128 bytes of spills and serialised
 // wgmmas), P V too, and the columns past D are never stored. Key tiles: 128
-// at kD 64 and 128 (176 at kD 128 for long unmasked rows, the heuristics'
-// choice), 96 at kD 192, 80 at kD 256: the widest whose ring fits beside Q;
-// from 192 on the Q tile has one slot (kQSlots).
+// at kD 64 and 128 (176 at kD 128 for long unmasked rows, 64 at kD 64 and
+// 128 for at most 64 keys: the heuristics' choice), 96 at kD 192, 80 at kD
+// 256: the widest whose ring fits beside Q; from 192 on the Q tile has one
+// slot, on 64-key tiles four (kQSlots).
 //
 // Shared layouts: every tile is stored as kD / 64 column panels of
 // (rows x 64) elements, 128 bytes per row, 1024-byte aligned, swizzled by TMA
@@ -68,6 +69,8 @@
 #define GPUCOMPUTE_KERNELS_SRC_ATTENTION_WGMMA_CUH_
 
 #include <cuda.h>
+
+#include <algorithm>
 
 #include "attention_common.cuh"
 #include "sm90_primitives.cuh"
@@ -100,27 +103,52 @@ struct WgmmaTile {
   static constexpr int kPanels = kD / 64;        // 128-byte column panels
   static constexpr int kQBytes = kBr * kD * 2;   // (kBr, kD)
   static constexpr int kKVBytes = kBc * kD * 2;  // (kBc, kD), one of K or V
-  // Q full and empty (two slots each), then per stage K full, V full, K
-  // empty and V empty (K is handed back as soon as Q K^T has read it), then
-  // the work tile of each Q slot (32 bytes each).
-  static constexpr int kBarrierBytes = 8 * (4 + 4 * kStages) + 64;
+  // Q full and empty (up to kMaxQSlots slots each), then per stage K full,
+  // V full, K empty and V empty (K is handed back as soon as Q K^T has read
+  // it), then the work tile of each Q slot (32 bytes each).
+  static constexpr int kMaxQSlots = 4;
+  static constexpr int kBarrierBytes = 8 * (2 * kMaxQSlots + 4 * kStages) + 32 * kMaxQSlots;
   // From the 1024-aligned base: Q slot 0, the K ring, the V ring, the
   // barriers, then Q slot 1 (the next tile's Q loads while this one's is
-  // still read) where it fits; only a persistent grid uses it: a grid of one
-  // tile per block is launched with kOneTileSmemBytes.
+  // still read) where it fits, the O staging buffer (below) where it fits,
+  // and Q slots 2 and 3 where they fit; only a persistent grid uses the
+  // slots past 0: a grid of one tile per block is launched with
+  // kOneTileSmemBytes.
+  static constexpr size_t kSmemLimit = 227 * 1024;
   static constexpr size_t kRingEnd = size_t(kQBytes) + 2 * size_t(kStages) * kKVBytes;
   static constexpr size_t kQ1Offset = (kRingEnd + kBarrierBytes + 1023) / 1024 * 1024;
   static constexpr size_t kOneTileSmemBytes = 1024 + kRingEnd + kBarrierBytes;
-  static constexpr int kQSlots = 1024 + kQ1Offset + kQBytes <= 227 * 1024 ? 2 : 1;
-  static constexpr size_t kSmemBytes =
-      kQSlots == 2 ? 1024 + kQ1Offset + kQBytes : kOneTileSmemBytes;
+  static constexpr bool kTwoQSlots = 1024 + kQ1Offset + kQBytes <= kSmemLimit;
   // A persistent grid stages O for its TMA store in a buffer of its own
   // after Q slot 1 where that fits (kD = 64, and 128 on 128-key tiles), so
   // that Q's slot goes back to the producer before the epilogue; else O is
   // staged in Q's slot, which goes back once the store has read it.
   static constexpr size_t kOStageOffset = (kQ1Offset + kQBytes + 1023) / 1024 * 1024;
-  static constexpr bool kOStaged = kQSlots == 2 && 1024 + kOStageOffset + kQBytes <= 227 * 1024;
-  static constexpr size_t kStagedSmemBytes = kOStaged ? 1024 + kOStageOffset + kQBytes : kSmemBytes;
+  static constexpr bool kOStaged = kTwoQSlots && 1024 + kOStageOffset + kQBytes <= kSmemLimit;
+  // Q slots past the second, after the O staging buffer, on 64-key tiles
+  // (one key block a tile: the producer runs that many tiles further
+  // ahead). Sweep run 48 (H100) timed four slots on every tile: on 128-key
+  // tiles at kD 64 with one key block (65-128 keys) 1.046x the time of two,
+  // B128 H32 S128 D64 1.04x, the list 1.004x; the 64-key tiles were timed
+  // with four.
+  static constexpr size_t kQ2Offset = (kOStageOffset + kQBytes + 1023) / 1024 * 1024;
+  static constexpr int kMoreQSlots =
+      !kOStaged || kQ2Offset + 1024 > kSmemLimit
+          ? 0
+          : int(std::min<size_t>(kMaxQSlots - 2, (kSmemLimit - 1024 - kQ2Offset) / kQBytes));
+  static constexpr int kQSlots = kTwoQSlots ? 2 + (kBc == 64 ? kMoreQSlots : 0) : 1;
+  static constexpr size_t kSmemBytes = kQSlots > 2
+                                           ? 1024 + kQ2Offset + size_t(kQSlots - 2) * kQBytes
+                                       : kTwoQSlots ? 1024 + kQ1Offset + kQBytes
+                                                    : kOneTileSmemBytes;
+  static constexpr size_t kStagedSmemBytes =
+      kOStaged ? std::max<size_t>(1024 + kOStageOffset + kQBytes, kSmemBytes) : kSmemBytes;
+  // Shared-memory offset of Q slot `slot` from the aligned base.
+  static constexpr uint32_t QSlotOffset(int slot) {
+    return slot == 0   ? 0u
+           : slot == 1 ? uint32_t(kQ1Offset)
+                       : uint32_t(kQ2Offset + size_t(slot - 2) * kQBytes);
+  }
   static constexpr int kProducerRegs = kConsumers == 3 ? 24 : 40;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : (kConsumers == 2 ? 232 : 240);
   static_assert(kD % 64 == 0 && kD <= 256, "padded head_dim 64, 128, 192 or 256");
@@ -235,20 +263,22 @@ __device__ __forceinline__ void NamedBarrierArrive(int id) {
   asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
 
-// The mbarriers, 8 bytes each from `base`: Q full (two slots), then per stage
-// K full, V full, K empty and V empty, then Q empty (two slots); then the
-// work tile whose Q each slot holds, as the producer worked it out
+// The mbarriers, 8 bytes each from `base`: Q full (kQ slots), then per
+// stage K full, V full, K empty and V empty, then Q empty (kQ slots); then
+// the work tile whose Q each slot holds, as the producer worked it out
 // (StoreWork, LoadWork: the consumers do no division per tile).
-template <int kStages>
+template <int kStages, int kQ>
 struct WgmmaBars {
   uint32_t base;
   __device__ uint32_t q(int slot) const { return base + 8u * slot; }
-  __device__ uint32_t kfull(int s) const { return base + 8u * (2 + s); }
-  __device__ uint32_t vfull(int s) const { return base + 8u * (2 + kStages + s); }
-  __device__ uint32_t kempty(int s) const { return base + 8u * (2 + 2 * kStages + s); }
-  __device__ uint32_t vempty(int s) const { return base + 8u * (2 + 3 * kStages + s); }
-  __device__ uint32_t qempty(int slot) const { return base + 8u * (2 + 4 * kStages + slot); }
-  __device__ uint32_t work(int slot) const { return base + 8u * (4 + 4 * kStages) + 32u * slot; }
+  __device__ uint32_t kfull(int s) const { return base + 8u * (kQ + s); }
+  __device__ uint32_t vfull(int s) const { return base + 8u * (kQ + kStages + s); }
+  __device__ uint32_t kempty(int s) const { return base + 8u * (kQ + 2 * kStages + s); }
+  __device__ uint32_t vempty(int s) const { return base + 8u * (kQ + 3 * kStages + s); }
+  __device__ uint32_t qempty(int slot) const { return base + 8u * (kQ + 4 * kStages + slot); }
+  __device__ uint32_t work(int slot) const {
+    return base + 8u * (2 * kQ + 4 * kStages) + 32u * slot;
+  }
 };
 
 // One work tile: kBr query rows of one (batch, query head) against one split
@@ -310,10 +340,10 @@ __device__ __forceinline__ void LoadWork(uint32_t addr, WgmmaWork& w) {
 }
 
 template <typename M, typename Tile, bool kCausal, int kSched>
-__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, const CUtensorMap* tmap_o,
-                                              uint32_t s_o, int cw, const WgmmaWork& work, int kv0,
-                                              int q_slot, uint32_t s_q, uint32_t s_k, uint32_t s_v,
-                                              const WgmmaBars<Tile::kStages>& bar);
+__device__ __forceinline__ void ConsumeBlocks(
+    const AttnParams& p, const CUtensorMap* tmap_o, uint32_t s_o, int cw, const WgmmaWork& work,
+    int kv0, int q_slot, uint32_t s_q, uint32_t s_k, uint32_t s_v,
+    const WgmmaBars<Tile::kStages, Tile::kMaxQSlots>& bar);
 
 // A 128-thread barrier of one consumer warpgroup (ids 4.., after the turns'
 // barriers 1..3).
@@ -331,11 +361,11 @@ __device__ __forceinline__ void WarpgroupBarrierSync(int cw) {
 // past seq_q and the columns past head_dim: with o_tma == 2 into its rows of
 // the O staging buffer (Tile::kOStaged, launched with kStagedSmemBytes), else
 // into its rows of the tile's Q slot. Else the threads store O themselves.
-// The producer runs ahead across tiles: Q has up to two slots, so the next
-// tile's Q loads (once every consumer warp is done with the tile that used
-// that slot before, on its "q empty" mbarrier) together with its first K/V
-// tiles while the consumers still work on the current one. The K/V ring's stage and phase
-// follow a block count that runs on across tiles.
+// The producer runs ahead across tiles: Q has up to Tile::kQSlots slots, so
+// the next tiles' Q loads (once every consumer warp is done with the tile
+// that used that slot before, on its "q empty" mbarrier) together with their
+// first K/V tiles while the consumers still work on the current one. The
+// K/V ring's stage and phase follow a block count that runs on across tiles.
 template <typename M, typename Tile, bool kCausal, int kSched>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     FlashWgmmaKernel(const __grid_constant__ CUtensorMap tmap_q,
@@ -346,12 +376,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   constexpr int kBr = Tile::kBr, kBc = Tile::kBc, kStages = Tile::kStages;
   extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
   const uint32_t base = (SmemAddr(wg_smem_raw) + 1023u) & ~1023u;
-  const uint32_t s_q = base;                               // slot 0
-  const uint32_t s_q1 = base + uint32_t(Tile::kQ1Offset);  // slot 1
-  const uint32_t s_k = s_q + Tile::kQBytes;                // + stage * kKVBytes
-  const uint32_t s_v = s_k + kStages * Tile::kKVBytes;     // + stage * kKVBytes
+  const uint32_t s_q = base;                            // slot 0; slot i at QSlotOffset(i)
+  const uint32_t s_k = s_q + Tile::kQBytes;             // + stage * kKVBytes
+  const uint32_t s_v = s_k + kStages * Tile::kKVBytes;  // + stage * kKVBytes
   const uint32_t bars = s_v + kStages * Tile::kKVBytes;
-  const WgmmaBars<kStages> bar{bars};
+  const WgmmaBars<kStages, Tile::kMaxQSlots> bar{bars};
 
   const int wg = threadIdx.x / 128;
   const int m_blocks = (p.seq_q + kBr - 1) / kBr;
@@ -360,7 +389,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const int nwhole = !kCausal && tail.per ? tail.first : ntiles;
 
   if (threadIdx.x == 0) {
-    for (int slot = 0; slot < 2; ++slot) {
+    for (int slot = 0; slot < Tile::kMaxQSlots; ++slot) {
       sm90::MbarInit(bar.q(slot), 1);
       sm90::MbarInit(bar.qempty(slot), 4 * Tile::kConsumers);  // one per consumer warp
     }
@@ -402,8 +431,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         sm90::MbarArriveExpectTx(bar.q(slot), kQTx);
 #pragma unroll
         for (int c = 0; c < Tile::kPanels; ++c)
-          sm90::TmaLoad3d((slot ? s_q1 : s_q) + c * kBr * 128, &tmap_q, 64 * c, w.m0, w.bh,
-                          bar.q(slot));
+          sm90::TmaLoad3d(s_q + Tile::QSlotOffset(slot) + c * kBr * 128, &tmap_q, 64 * c, w.m0,
+                          w.bh, bar.q(slot));
         for (int n = 0; n < w.nblocks; ++n) {
           const int g = kv + n, st = g % kStages, use = g / kStages;
           if (use > 0) sm90::MbarWaitOrTrap(bar.kempty(st), (use - 1) & 1);
@@ -466,9 +495,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     for (int nblocks = next_tile(); nblocks >= 0; nblocks = next_tile()) {
       WgmmaWork w;
       w.nblocks = nblocks;
-      LoadWork(bar.work(q_use % Tile::kQSlots), w);
-      ConsumeBlocks<M, Tile, kCausal, kSched>(p, o_map, s_o, wg - 1, w, kv, q_use % Tile::kQSlots,
-                                              s_q, s_k, s_v, bar);
+      const int slot = q_use % Tile::kQSlots;
+      LoadWork(bar.work(slot), w);
+      ConsumeBlocks<M, Tile, kCausal, kSched>(p, o_map, s_o, wg - 1, w, kv, slot, s_q, s_k, s_v,
+                                              bar);
       kv += w.nblocks;
       ++q_use;
     }
@@ -481,10 +511,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 // kv0 is the ring's block count at the tile's first block; the tile's Q has
 // landed in slot q_slot (a tile without key blocks only writes its rows).
 template <typename M, typename Tile, bool kCausal, int kSched>
-__device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, const CUtensorMap* tmap_o,
-                                              uint32_t s_o, int cw, const WgmmaWork& work, int kv0,
-                                              int q_slot, uint32_t s_q, uint32_t s_k, uint32_t s_v,
-                                              const WgmmaBars<Tile::kStages>& bar) {
+__device__ __forceinline__ void ConsumeBlocks(
+    const AttnParams& p, const CUtensorMap* tmap_o, uint32_t s_o, int cw, const WgmmaWork& work,
+    int kv0, int q_slot, uint32_t s_q, uint32_t s_k, uint32_t s_v,
+    const WgmmaBars<Tile::kStages, Tile::kMaxQSlots>& bar) {
   const int m0 = work.m0, bh = work.bh, nblocks = work.nblocks;
   constexpr bool kInTurns = kSchedInTurns<kSched> && Tile::kConsumers > 1;
   constexpr bool kPipelined = kSched == kSchedPipelined || kSched == kSchedOverlap;
@@ -513,7 +543,7 @@ __device__ __forceinline__ void ConsumeBlocks(const AttnParams& p, const CUtenso
   float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
 
   // This warpgroup's 64 rows of every panel of the tile's Q slot.
-  const uint32_t q_rows = (q_slot ? s_q + uint32_t(Tile::kQ1Offset) : s_q) + 64 * cw * 128;
+  const uint32_t q_rows = s_q + Tile::QSlotOffset(q_slot) + 64 * cw * 128;
   uint32_t pa[kBc / 16][4];  // P of the block whose P V is next
 
   // Operand descriptors: made once, stepped by one add each (a descriptor

@@ -277,6 +277,17 @@ std::vector<Case> AllCases() {
       {1, 8, 1, 1, 20000, 256, false},   // many key splits
       {8, 16, 16, 1, 3500, 232, false},  // two-warp blocks: 128 blocks x 3500 keys
       {140, 2, 1, 1, 300, 200, false},   // two-warp blocks: more blocks than SMs
+      // Short key runs on many tiles (persistent grids, the producer up to
+      // three Q slots ahead): 64-key tiles at padded head dims 64 and 128
+      // (D 104 zero-filled, fp32 O), 128-key tiles under the mask and with
+      // three consumers.
+      {8, 16, 4, 1000, 50, 64, false},
+      {4, 14, 7, 700, 16, 128, false},
+      {3, 16, 4, 513, 64, 104, false, false, false, false, true},
+      {4, 8, 2, 600, 40, 64, true},
+      {1, 40, 8, 2100, 100, 64, false},
+      {6, 16, 4, 900, 100, 64, false},
+      {4, 8, 8, 700, 120, 128, false},
       // Key splits merged a warp per row: 6.5k rows of 2 splits.
       {1, 2, 1, 3248, 512, 80, false},
       // O written as fp32.
@@ -415,6 +426,29 @@ TEST(AttentionVariant, WgmmaSplitsFillTheSmsTheTilesLeaveIdle) {
   EXPECT_EQ(WgmmaKeySplits(88, 32, 132), 3);     // two rounds of 11: 26 against 34
   EXPECT_EQ(WgmmaKeySplits(104, 14, 132), 1);    // short splits: their fixed cost outweighs
   EXPECT_EQ(WgmmaKeySplits(131, 1000, 132), 1);  // one SM idle: two rounds cost as much
+}
+
+// flash_wgmma's key tile (heuristics), host only: 64 keys where the keys fit
+// one such tile without the mask at padded head dims 64 and 128 with two
+// consumers; 176 for long unmasked rows at 128; else the head dim's default.
+TEST(AttentionVariant, ShortKeyRunsTakeTheNarrowKeyTile) {
+  using kernels::WgmmaKeyTile;
+  auto shape = [](int64_t sq, int64_t skv, int kd, bool causal) {
+    kernels::AttentionShape s;
+    s.seq_q = sq;
+    s.seq_kv = skv;
+    s.head_dim = kd;
+    s.wgmma_head_dim = kd;
+    s.causal = causal;
+    return s;
+  };
+  EXPECT_EQ(WgmmaKeyTile(shape(1172, 64, 64, false)), 64);
+  EXPECT_EQ(WgmmaKeyTile(shape(512, 16, 128, false)), 64);
+  EXPECT_EQ(WgmmaKeyTile(shape(512, 65, 128, false)), 0);  // two 64-key blocks: the default
+  EXPECT_EQ(WgmmaKeyTile(shape(512, 64, 128, true)), 0);   // under the mask
+  EXPECT_EQ(WgmmaKeyTile(shape(4096, 16, 64, false)), 0);  // three consumers (192 rows)
+  EXPECT_EQ(WgmmaKeyTile(shape(348, 64, 192, false)), 0);  // 96 keys at 192
+  EXPECT_EQ(WgmmaKeyTile(shape(2048, 2048, 128, false)), 176);
 }
 
 // The tail split of flash_wgmma's persistent grid (heuristics), host only:

@@ -103,8 +103,21 @@ inline bool WgmmaTileCounter(const AttentionShape& s) { return s.causal; }
 // schedule): 1.00-1.06x the vendor instead of 0.96-1.00x from 4096 keys,
 // 1.01x the speed at 2048, a tie at 1024 and 0.92-0.94x at 128-512 keys
 // (a 176-key block padded past 128 keys, no second Q slot).
+// At most kWgmmaShortKeys keys without the mask (cross attention on short
+// contexts), a 64-key tile at a padded head dim of 64 or 128 with two
+// consumers: the 128-key tile's products are at least half padding there,
+// and the narrower ring leaves room for four Q slots (WgmmaTile::kQSlots).
+// Sweep run 48 (H100, 98 random cross-attention rows, against the 128-key
+// tile with two Q slots): its 17 rows of at most 64 keys at these widths
+// 0.85x the time at 64, 0.88x at 128 (B32 H16/2 Sq1024 Skv39 D64 85.8 ->
+// 68.1 us, 0.87 -> 1.09x cuDNN; B64 H12/3 Sq4096 Skv64 D128 638 -> 590 us);
+// the set 0.976x. Three consumers (64 wide from 2048 query rows) keep 128.
 inline constexpr int64_t kWgmmaWideKeysFrom = 2048;
+inline constexpr int64_t kWgmmaShortKeys = 64;
 inline int WgmmaKeyTile(const AttentionShape& s) {
+  if (!s.causal && s.seq_kv <= kWgmmaShortKeys &&
+      (s.wgmma_head_dim == 64 || s.wgmma_head_dim == 128) && WgmmaConsumers(s) == 2)
+    return 64;
   return s.wgmma_head_dim == 128 && !s.causal && s.seq_kv >= kWgmmaWideKeysFrom ? 176 : 0;
 }
 
