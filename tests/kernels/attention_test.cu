@@ -278,9 +278,9 @@ std::vector<Case> AllCases() {
       {8, 16, 16, 1, 3500, 232, false},  // two-warp blocks: 128 blocks x 3500 keys
       {140, 2, 1, 1, 300, 200, false},   // two-warp blocks: more blocks than SMs
       // Short key runs on many tiles (persistent grids, the producer up to
-      // three Q slots ahead): 64-key tiles at padded head dims 64 and 128
-      // (D 104 zero-filled, fp32 O), 128-key tiles under the mask and with
-      // three consumers.
+      // three tiles ahead on four Q slots): 64-key tiles at padded head dims
+      // 64 and 128 (D 104 zero-filled, fp32 O); 128-key tiles under the
+      // mask, with three consumers, and of 100 and 120 keys.
       {8, 16, 4, 1000, 50, 64, false},
       {4, 14, 7, 700, 16, 128, false},
       {3, 16, 4, 513, 64, 104, false, false, false, false, true},
