@@ -180,9 +180,10 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
   // 44-48): the two such rows the default gave it ran 0.60x (2934x2726x512 NT
   // f16) and 0.46x (4*1308x724x256 NT f16), and the five it was forced on
   // (K of 8-128, which c_pays leaves to the fallback anyway) 0.32-0.46x,
-  // where the fallback ran 0.96-1.28x. With fewer tiles the default's 22 such
-  // rows ran 1.0x or better but two (512x885x512 NT 1.42x, 257x493x4096 NT
-  // 1.87x; 122x3412x1024 NT 0.78x, 16*512x142x512 TT 0.85x).
+  // where the fallback ran 0.96-1.28x. With fewer tiles, 20 of the default's
+  // 22 such rows ran 1.0x or better (512x885x512 NT 1.42x, 257x493x4096 NT
+  // 1.87x), the other two 0.78x (122x3412x1024 NT) and 0.85x (16*512x142x512
+  // TT).
   const bool tf32_nn = s.tf32 && !s.trans_a && !s.trans_b;
   const double tiles_128 = double(s.batch) * double((s.m + 127) / 128) * double((s.n + 127) / 128);
   if (tensor_cores && s.tma_ok && !s.c_aligned && thin > 1 && c_pays &&
