@@ -152,7 +152,8 @@ def operand(obj: Any, field: str) -> Operand:
         raise invalid(field + ".shape", f"{arr.ndim} dimensions, at most 8")
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    arr = np.ascontiguousarray(arr)  # row-major: a copy only when the array is not
+    if not arr.flags.c_contiguous:  # row-major: a copy only when the array is not
+        arr = np.ascontiguousarray(arr)  # (never on 0-d arrays: it would make them 1-d)
     if arr.dtype.name == "bfloat16":
         # ml_dtypes.bfloat16, which numpy cannot export as a buffer: its bits (a view).
         arr = arr.view(np.uint16)

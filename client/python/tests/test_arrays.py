@@ -92,6 +92,18 @@ def test_layouts_that_need_a_copy_are_sent_right(client):
     np.testing.assert_array_equal(out, x)
 
 
+def test_scalars_keep_rank_zero(client):
+    # A 0-d array (or numpy scalar) is sent as shape [] and comes back 0-d, not as shape [1].
+    for x in (np.float32(2.5), np.array(-1.5, dtype=np.float16), np.array(3.0, dtype=">f4")):
+        out = client.echo(x)
+        assert out.shape == () and out == x
+    assert client.reduce(np.float32(4.0), "max").shape == ()
+    with pytest.raises(gpucompute.ComputeError) as e:
+        client.transpose(np.float32(1.0))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "rank 0" in e.value.message
+
+
 def test_bfloat16_conversions():
     values = np.array([0.0, -0.0, 1.0, -1.5, 3.140625, 1e-40, np.inf, -np.inf, 65504.0],
                       np.float32)
