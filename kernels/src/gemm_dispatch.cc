@@ -1,6 +1,7 @@
 // Routes GEMM requests to the SIMT or the tensor-core ladder or to the vendor
 // fallback (see gemm.h); the default's choice is heuristics/gemm_heuristics.h.
 #include <algorithm>
+#include <cstdint>
 
 #include "gemm_addend.h"
 #include "gpucompute/kernels/gemm.h"
@@ -25,6 +26,16 @@ bool Known(std::string_view variant) {
          Contains(GemmTcVariants(), variant);
 }
 
+// The largest power of two, up to 16, that A's and B's bases, rows and batch
+// strides (of operands not shared by the batch) are all multiples of, in bytes.
+int AbAlignment(const GemmArgs& args) {
+  const uint64_t es = DTypeSize(args.ab_type);
+  uint64_t bits = reinterpret_cast<uintptr_t>(args.a) | reinterpret_cast<uintptr_t>(args.b) |
+                  uint64_t(args.lda) * es | uint64_t(args.ldb) * es | 16u;
+  if (args.batch > 1) bits |= uint64_t(args.stride_a) * es | uint64_t(args.stride_b) * es;
+  return static_cast<int>(bits & (~bits + 1));  // the lowest bit set
+}
+
 // The variant the empty one stands for: what the heuristics pick when it
 // takes the arguments (the vendor fallback or a rung by name), else "" (the
 // dtype's ladder picks).
@@ -41,6 +52,7 @@ std::string_view Resolve(const GemmArgs& args, std::string_view variant) {
   s.trans_b = args.trans_b;
   s.tma_ok = !UseSimt(args, "") && CanImplementGemmTc(args, "wgmma_persistent");
   s.aligned = GemmTcAddressable(args);
+  s.ab_align = AbAlignment(args);
   s.copy_bytes = UseSimt(args, "") ? 0.0 : double(GemmTcPackedCopyBytes(args));
   s.c_bytes = static_cast<int>(DTypeSize(args.c_type));
   s.c_aligned = GemmCAligned(args, 16);

@@ -673,6 +673,7 @@ TEST(GemmVariant, CopiesRowsOnlyWhereTheProductOutweighsTheCopies) {
   kernels::GemmShape s;
   s.ab = DType::kBF16;
   s.aligned = false;
+  s.ab_align = 2;  // rows of an odd count of elements (pairs: the next test)
   s.c_bytes = 2;
   auto with = [&](int64_t m, int64_t n, int64_t k, bool copy_a, bool copy_b) {
     s.m = m;
@@ -765,6 +766,36 @@ TEST(GemmVariant, CopiesRowsOnlyWhereTheProductOutweighsTheCopies) {
   s.k = 256;
   s.copy_bytes = 4.0 * 256 * 4096;
   EXPECT_STREQ(kernels::ChooseGemmVariant(s), "wgmma_packed");
+}
+
+// 16-bit rows off 16 bytes but on 4 (an even count of elements), host only:
+// cuBLAS reads them in pairs, so a small problem over a K of 33-400 stays
+// with the vendor; rows on 2 bytes (odd) and K up to 32 keep wgmma_packed.
+TEST(GemmVariant, LeavesSmallShortKRowsOnFourBytesToTheVendor) {
+  kernels::GemmShape s;
+  s.ab = DType::kBF16;
+  s.aligned = false;
+  s.c_bytes = 2;
+  auto with = [&](int64_t m, int64_t n, int64_t k, int align, bool copy_a) {
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    s.ab_align = align;
+    s.copy_bytes = 2.0 * (copy_a ? m * k : k * n);
+    return std::string(kernels::ChooseGemmVariant(s));
+  };
+  EXPECT_EQ(with(588, 512, 158, 4, true), "cublaslt");      // 2^25.5
+  EXPECT_EQ(with(588, 512, 158, 2, true), "wgmma_packed");  // odd rows: the vendor is slower
+  EXPECT_EQ(with(2048, 512, 148, 8, true), "cublaslt");
+  EXPECT_EQ(with(2048, 512, 131, 2, true), "wgmma_packed");
+  EXPECT_EQ(with(1024, 300, 400, 4, false), "cublaslt");  // K up to 400 under 1.5 * 2^27
+  EXPECT_EQ(with(1024, 300, 401, 4, false), "wgmma_packed");
+  EXPECT_EQ(with(1024, 3226, 128, 4, false), "cublaslt");  // 2^28.7 with K up to 160
+  EXPECT_EQ(with(1024, 3226, 161, 4, false), "wgmma_packed");
+  EXPECT_EQ(with(1024, 8192, 128, 4, false), "wgmma_packed");  // 2^30
+  EXPECT_EQ(with(2183, 8192, 14, 4, true), "wgmma_packed");    // K up to 32: the short-K rule
+  s.ab = DType::kF16;
+  EXPECT_EQ(with(588, 512, 158, 4, true), "cublaslt");
 }
 
 // C's rows off 16 bytes with A and B as TMA reads them (heuristics/
@@ -884,6 +915,27 @@ TEST(GemmVariant, TheDispatcherCountsTheBytesToCopy) {
   a.k = 999;
   a.lda = 1000;  // A's rows on 16 bytes, B's not: B copied, 1000 FLOPs a byte
   a.m = 1000;
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+}
+
+// ... and how A's and B's rows lie: on 4 or 8 bytes, a small short-K problem
+// stays with the vendor; on 2 (an odd count, or an odd base), ours.
+TEST(GemmVariant, TheDispatcherSeesHowOperandRowsLie) {
+  GC_REQUIRE_GPU();
+  GemmArgs a = SmallArgs();
+  a.m = 2048;
+  a.n = a.ldb = a.ldc = 512;
+  a.k = a.lda = 148;  // A's rows of 296 bytes: on 8
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  a.lda = 149;  // on 2
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+  a.lda = 148;
+  a.a = reinterpret_cast<const char*>(a.a) + 2;  // A's base on 2
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
+  a.a = reinterpret_cast<const char*>(a.a) + 2;  // on 4
+  EXPECT_EQ(kernels::GemmVariantName(a, ""), kernels::kGemmVendorVariant);
+  a.k = a.lda = 131;
+  a.a = SmallArgs().a;
   EXPECT_EQ(kernels::GemmVariantName(a, ""), "wgmma_packed");
 }
 

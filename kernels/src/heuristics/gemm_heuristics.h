@@ -55,6 +55,7 @@ struct GemmShape {
   bool trans_a = false, trans_b = false;
   bool tma_ok = false;    // A and B as TMA takes them (the wgmma rungs run; implies aligned)
   bool aligned = true;    // A's and B's bases, rows and batch strides on 16 bytes
+  int ab_align = 16;      // ... on this many bytes (the largest power of two, at most 16)
   bool vendor_ok = true;  // the cuBLASLt fallback takes these arguments
   bool beta = false;      // C is read (beta != 0)
   int sms = 132;
@@ -102,6 +103,21 @@ struct GemmShape {
 //     outweighs the product (512x150x128 TN 5.6 us against the fallback's
 //     3.2, 7x2048x1024 TT f16 0.84x; 2x1024x3894 1.13x, 2x4096x1753 TN
 //     1.11x given up).
+//   - Not on 16-bit rows off 16 bytes but on 4 (an even count of elements
+//     in every such row) over a K of 33-400 in a small problem: under 1.5 *
+//     2^27 batch * M * N * K, or under 2^29 with K up to 160. cuBLAS reads
+//     such rows 4 or 8 bytes at a time and runs them in 4-10 us, where our
+//     copy and kernel cost at least ~6.5 us. The default's 27 such rows in
+//     runs 44-48 (H100) ran 0.88x geomean, 10 under 0.8x (588x512x158 0.61x,
+//     1024x1014x128 TN 0.68x, 534x6928x73 TN 0.70x, 2048x512x148 0.71x,
+//     1020x512x128 TT 0.72x, 8*128x512x180 with B shared f16 0.77x,
+//     1024x3226x128 f16 0.79x), 3 past 1.1x (3*494x286x256 with B shared f16
+//     1.48x, 2*278x2048x128 TN 1.21x, 2245x138x256 1.10x); the fallback ran
+//     0.97-1.01x the vendor on the 14 it was forced on. With rows on 2 bytes
+//     (an odd count) the vendor is slower and ours ahead at the same sizes
+//     (16-bit, K up to 400, 2^26-2^29: 60 rows, 1.33x geomean, the least
+//     0.84x; 859x512x165 1.29x, 2048x512x131 1.09x). K up to 32 stays with
+//     the short-K rule above (2946x16384x8 TN 1.25x, 2183x8192x14 1.12x).
 //   - Not with beta on 16-bit C whose rows are off 16 bytes (C read element
 //     by element, two bytes at a time): 14 of 16 such shapes behind the
 //     fallback, at every K (1476x2653x256 0.52x, 617x502x1072 0.94x,
@@ -115,6 +131,11 @@ inline constexpr double kGemmPackedSmallVolume = 1073741824.0;   // 2^30
 inline constexpr double kGemmPackedShortKMinVolume = 134217728.0;  // 2^27
 inline constexpr double kGemmPackedShortKMinFlopsPerCopiedByte = 2048;
 inline constexpr int64_t kGemmPackedThinMax = 16;
+inline constexpr int64_t kGemmPackedPairsMinK = 33;
+inline constexpr int64_t kGemmPackedPairsMaxK = 400;
+inline constexpr double kGemmPackedPairsMinVolume = 201326592.0;  // 1.5 * 2^27
+inline constexpr int64_t kGemmPackedPairsShortK = 160;
+inline constexpr double kGemmPackedPairsShortMinVolume = 536870912.0;  // 2^29
 inline constexpr double kGemmPackedMinVolume = 2147483648.0;         // 2^31
 inline constexpr double kGemmPackedThinCopyMinVolume = 268435456.0;  // 2^28
 inline constexpr double kGemmPackedThinMinFlopsPerCopiedByte = 1024;
@@ -149,13 +170,17 @@ inline const char* ChooseGemmVariant(const GemmShape& s) {
                             2.0 * volume >= kGemmPackedShortKMinFlopsPerCopiedByte * s.copy_bytes;
   const int64_t thin = std::min(s.m, s.n);
   const bool c_read_by_halves = s.beta && !s.c_aligned && s.c_bytes < 4;
+  const bool vendor_reads_pairs =
+      s.ab != DType::kF32 && s.ab_align >= 4 && s.k >= kGemmPackedPairsMinK &&
+      ((s.k <= kGemmPackedPairsMaxK && volume < kGemmPackedPairsMinVolume) ||
+       (s.k <= kGemmPackedPairsShortK && volume < kGemmPackedPairsShortMinVolume));
   // One row or column (a matrix-vector product, which cuBLAS runs on its
   // GEMV kernels whatever the alignment): 1x8192x1448 TT bf16 -> fp32 0.69x
   // on wgmma_packed (run 26).
   if (tensor_cores && !s.aligned && copies_pay && (c_pays || short_k_pays) && thin > 1 &&
       (thin <= kGemmPackedThinMax || thin >= 128 || volume >= kGemmPackedMinVolume ||
        thin_copied) &&
-      volume >= kGemmOursMinVolume && !c_read_by_halves)
+      volume >= kGemmOursMinVolume && !c_read_by_halves && !vendor_reads_pairs)
     return "wgmma_packed";
   // A and B as TMA reads them, C's rows off 16 bytes (N not a multiple of 8
   // in 16-bit, of 4 in fp32): cuBLAS(Lt) slows down there, ours writes such
