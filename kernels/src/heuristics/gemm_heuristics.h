@@ -118,6 +118,11 @@ struct GemmShape {
 //     (16-bit, K up to 400, 2^26-2^29: 60 rows, 1.33x geomean, the least
 //     0.84x; 859x512x165 1.29x, 2048x512x131 1.09x). K up to 32 stays with
 //     the short-K rule above (2946x16384x8 TN 1.25x, 2183x8192x14 1.12x).
+//     Run 49 (H100, after the rule, sweep-gemm.md): 19 fresh seeds none under
+//     0.8x (512x5434x128 TN 0.75x -> 1.00x); of 90 random shapes of the class
+//     it moved 6, two up (404x448x220 f16 0.73x, 420x1464x150 f16 0.78x ->
+//     1.0x) and four TT rows down (1096x524x132 1.10x, 2656x755x154 1.58x ->
+//     1.0x, three with only B's rows off 16 bytes): a layout bound is next.
 //   - Not with beta on 16-bit C whose rows are off 16 bytes (C read element
 //     by element, two bytes at a time): 14 of 16 such shapes behind the
 //     fallback, at every K (1476x2653x256 0.52x, 617x502x1072 0.94x,
