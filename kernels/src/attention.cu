@@ -163,14 +163,17 @@ __global__ void __launch_bounds__(256) RefSoftmaxKernel(const AttnParams p, floa
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < p.seq_kv; j += blockDim.x) mx = fmaxf(mx, s[j]);
   mx = block_reduce(mx, true);
-  const bool empty = mx == -INFINITY;
+  // Masked scores are -inf (P 0); a NaN score passes the maximum by and
+  // makes the sum NaN: the row comes out NaN. A row that saw no key has sum 0.
+  const float m_use = mx == -INFINITY ? 0.f : mx;
   float sum = 0.f;
-  for (int j = threadIdx.x; j < p.seq_kv; j += blockDim.x) sum += empty ? 0.f : expf(s[j] - mx);
+  for (int j = threadIdx.x; j < p.seq_kv; j += blockDim.x) sum += expf(s[j] - m_use);
   sum = block_reduce(sum, false);
+  const bool empty = sum == 0.f;
   const float inv = empty ? 0.f : 1.f / sum;
   for (int j = threadIdx.x; j < p.seq_kv; j += blockDim.x)
-    s[j] = empty ? 0.f : expf(s[j] - mx) * inv;
-  if (threadIdx.x == 0 && p.lse) p.lse[row] = empty ? -INFINITY : mx + logf(sum);
+    s[j] = empty ? 0.f : expf(s[j] - m_use) * inv;
+  if (threadIdx.x == 0 && p.lse) p.lse[row] = empty ? -INFINITY : m_use + logf(sum);
 }
 
 // O[bh, i, d] = sum_j P[bh, i, j] V[bkv, j, d]. One block per row, one thread

@@ -292,7 +292,9 @@ __device__ __forceinline__ void OnlineSoftmax(float (&s)[kNT][4], float (&m)[2],
 }
 
 // Final per-row normaliser: the quad-wide sum of l, its reciprocal (0 for an
-// empty row) and the natural-log LSE (-inf for an empty row).
+// empty row: every P was 0, the row saw no key) and the natural-log LSE (-inf
+// for an empty row). A NaN score (a NaN or infinite Q or K) leaves a NaN sum,
+// and the row comes out NaN, as PyTorch's SDPA gives it, not as an empty one.
 __device__ __forceinline__ void FinishRows(const float (&m)[2], float (&l)[2], float (&inv)[2],
                                            float (&lse)[2], float scale) {
 #pragma unroll
@@ -301,7 +303,7 @@ __device__ __forceinline__ void FinishRows(const float (&m)[2], float (&l)[2], f
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     l[h] = sum;
-    const bool empty = !(sum > 0.f);
+    const bool empty = sum == 0.f;
     inv[h] = empty ? 0.f : 1.f / sum;
     lse[h] = empty ? -INFINITY : m[h] * scale + logf(sum);
   }

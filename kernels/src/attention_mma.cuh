@@ -550,16 +550,17 @@ __global__ void __launch_bounds__(Tile::kThreads) FlashMmaDecodeKernel(const Att
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < Tile::kWarps; ++w) mx = fmaxf(mx, sm_m[w * kBr + row]);
+    // A warp whose m is -inf saw no key (its l and O are 0) or only NaN
+    // scores (NaN l and O): its weight is 0, and 0 * NaN keeps the NaN.
+    const float m_use = mx == -INFINITY ? 0.f : mx;
     float acc = 0.f, sum = 0.f;
-    if (mx != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < Tile::kWarps; ++w) {
-        const float f = exp2f((sm_m[w * kBr + row] - mx) * p.scale_log2);
-        sum += f * sm_l[w * kBr + row];
-        acc += f * sm_o[(w * kBr + row) * kD + col];
-      }
+    for (int w = 0; w < Tile::kWarps; ++w) {
+      const float f = exp2f((sm_m[w * kBr + row] - m_use) * p.scale_log2);
+      sum += f * sm_l[w * kBr + row];
+      acc += f * sm_o[(w * kBr + row) * kD + col];
     }
-    const bool empty = !(sum > 0.f);
+    const bool empty = sum == 0.f;
     const float val = empty ? 0.f : acc / sum;
     const float lse = empty ? -INFINITY : mx * p.scale + logf(sum);
     const int head = kvh * p.group + r / p.seq_q;
@@ -601,15 +602,16 @@ __device__ __forceinline__ void MergePartials(const AttnParams& p, int64_t row, 
 #pragma unroll
   for (int c = 0; c < kCols; ++c) acc[c] = 0.f;
   float wsum = 0.f;
-  if (mx != -INFINITY) {
+  // Empty partials (LSE -inf, O 0) weigh 0; a NaN partial (LSE NaN, which
+  // the maximum passes over) makes the row NaN.
+  const float m_use = mx == -INFINITY ? 0.f : mx;
 #pragma unroll 4
-    for (int z = warp; z < n; z += kWarps) {
-      const float w = __expf(lse_z[z * stride] - mx);
-      const float* po = p.part_o + (first + z * stride) * kD + lane;
-      wsum += w;
+  for (int z = warp; z < n; z += kWarps) {
+    const float w = __expf(lse_z[z * stride] - m_use);
+    const float* po = p.part_o + (first + z * stride) * kD + lane;
+    wsum += w;
 #pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, po[32 * c], acc[c]);
-    }
+    for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, po[32 * c], acc[c]);
   }
 #pragma unroll
   for (int c = 0; c < kCols; ++c) s_acc[warp][lane + 32 * c] = acc[c];
@@ -618,7 +620,7 @@ __device__ __forceinline__ void MergePartials(const AttnParams& p, int64_t row, 
   float total = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) total += s_sum[w];
-  const bool none = !(total > 0.f);
+  const bool none = total == 0.f;
   for (int col = threadIdx.x; col < p.head_dim; col += kCombineThreads) {
     float v = 0.f;
 #pragma unroll
@@ -645,8 +647,9 @@ __device__ __forceinline__ void MergePartialsWarp(const AttnParams& p, int64_t r
   float mx = lz;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  // Lane z's weight for partial z; empty partials (LSE -inf) weigh 0.
-  const float w = mx == -INFINITY || lz == -INFINITY ? 0.f : __expf(lz - mx);
+  // Lane z's weight for partial z; empty partials (LSE -inf) weigh 0, a NaN
+  // partial (LSE NaN, passed over by the maximum) weighs NaN.
+  const float w = lz == -INFINITY ? 0.f : __expf(lz - (mx == -INFINITY ? 0.f : mx));
   float total = w;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
@@ -656,13 +659,13 @@ __device__ __forceinline__ void MergePartialsWarp(const AttnParams& p, int64_t r
 #pragma unroll
   for (int z = 0; z < kWarpMergeMax; ++z) {
     const float wz = __shfl_sync(0xffffffffu, w, z);
-    if (z < n && wz > 0.f) {
+    if (z < n && wz != 0.f) {
       const float* po = p.part_o + (first + z * stride) * kD + lane;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) acc[c] = fmaf(wz, po[32 * c], acc[c]);
     }
   }
-  const bool none = !(total > 0.f);
+  const bool none = total == 0.f;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
     const int col = lane + 32 * c;

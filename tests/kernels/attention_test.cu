@@ -29,6 +29,11 @@ struct Shape {
   // last) on top of big_logits: each row's maximum climbs block after block,
   // by less than the softmax's lag (P past 1) and by more (O rescaled).
   bool ramp_keys = false;
+  // A NaN in one element of a key (the last batch's first kv head, key
+  // skv / 2) and of a query row (batch 0, the last head, row sq / 3): every
+  // row that sees that key, and that query row, is NaN (O and LSE) in
+  // float64 and in PyTorch's SDPA; the output is poisoned with finite bytes.
+  bool nan_inputs = false;
 };
 
 struct Case {
@@ -44,8 +49,8 @@ std::string Describe(const Case& c) {
                   std::to_string(s.sq) + "_Skv" + std::to_string(s.skv) + "_D" +
                   std::to_string(s.d) + (s.causal ? "_causal" : "") + (s.big_logits ? "_big" : "") +
                   (s.ramp_keys ? "_ramp" : "") + (s.misaligned ? "_misaligned" : "") +
-                  (s.no_lse ? "_nolse" : "") + (s.out_f32 ? "_of32" : "") + "_" +
-                  kernels::DTypeName(c.dtype);
+                  (s.no_lse ? "_nolse" : "") + (s.out_f32 ? "_of32" : "") +
+                  (s.nan_inputs ? "_nan" : "") + "_" + kernels::DTypeName(c.dtype);
   return n;
 }
 
@@ -70,6 +75,7 @@ void CpuAttention(const Shape& s, double scale, const std::vector<double>& q,
       const int64_t bkv = bb * s.hkv + h / group;
       const double* qr = &q[row * s.d];
       double mx = -std::numeric_limits<double>::infinity();
+      bool nan = false;  // a NaN score: the row is NaN
       for (int64_t j = 0; j < s.skv; ++j) {
         if (s.causal && j > i + s.skv - s.sq) {
           sc[j] = -std::numeric_limits<double>::infinity();
@@ -79,9 +85,15 @@ void CpuAttention(const Shape& s, double scale, const std::vector<double>& q,
         double acc = 0;
         for (int64_t d = 0; d < s.d; ++d) acc += qr[d] * kr[d];
         sc[j] = acc * scale;
+        nan = nan || std::isnan(sc[j]);
         mx = std::max(mx, sc[j]);
       }
       double* orow = &(*o)[row * s.d];
+      if (nan) {
+        for (int64_t d = 0; d < s.d; ++d) orow[d] = std::numeric_limits<double>::quiet_NaN();
+        (*lse)[row] = std::numeric_limits<double>::quiet_NaN();
+        continue;
+      }
       if (std::isinf(mx)) {
         (*lse)[row] = -std::numeric_limits<double>::infinity();
         continue;
@@ -142,6 +154,16 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
       hk.values[i] = LoadHost(hk.bytes.data(), i, c.dtype);
     }
   }
+  if (s.nan_inputs) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const size_t kr = size_t(((s.b - 1) * s.hkv * s.skv + s.skv / 2) * s.d);
+    const size_t qr = size_t(((s.hq - 1) * s.sq + s.sq / 3) * s.d);
+    StoreHost(hk.bytes.data(), kr + 1, c.dtype, nan);
+    hk.values[kr + 1] = LoadHost(hk.bytes.data(), kr + 1, c.dtype);
+    StoreHost(hq.bytes.data(), qr, c.dtype, nan);
+    hq.values[qr] = LoadHost(hq.bytes.data(), qr, c.dtype);
+    ASSERT_TRUE(std::isnan(hk.values[kr + 1]) && std::isnan(hq.values[qr]));
+  }
   HostData hv = RandomHost(nkv, c.dtype, -1, 1);
   const size_t off = s.misaligned ? es : 0;
   const DType out_t = s.out_f32 ? DType::kF32 : c.dtype;
@@ -151,8 +173,11 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   dq.Upload(hq.bytes.data());
   dk.Upload(hk.bytes.data());
   dv.Upload(hv.bytes.data());
-  dout.Poison();
-  dlse.Poison();
+  // NaN bytes would hide an unwritten NaN row: 0x3C is finite in every
+  // dtype (about 1.06 as fp16, 0.0115 as bf16 and fp32).
+  const uint8_t poison = s.nan_inputs ? 0x3C : 0xFF;
+  dout.Poison(poison);
+  dlse.Poison(poison);
 
   // A failed allocation (a context broken by an earlier test) is a failure,
   // not a refusal.
@@ -300,6 +325,15 @@ std::vector<Case> AllCases() {
       {1, 2, 2, 1000, 3000, 128, true, false, false, false, false, true},
       {1, 8, 1, 1, 5000, 128, false, false, false, false, false, true},
       {2, 8, 2, 40, 2000, 96, true, false, false, false, false, true},
+      // NaN inputs: the wgmma and mma tiles with and without the mask, a
+      // persistent grid's tail pieces, key splits merged by a block and by a
+      // warp per row, the decode tile, the 64-key tile.
+      {1, 4, 2, 300, 555, 128, true, false, false, false, false, false, true},
+      {1, 13, 13, 2100, 2900, 64, false, false, false, false, false, false, true},
+      {1, 8, 1, 1, 50001, 128, false, false, false, false, false, false, true},
+      {1, 2, 1, 3248, 512, 80, false, false, false, false, false, false, true},
+      {2, 8, 2, 3, 1000, 64, true, false, false, false, false, false, true},
+      {8, 16, 4, 1000, 50, 64, false, false, false, false, false, false, true},
   };
   std::vector<Case> cases;
   std::vector<std::string> variants = kernels::AttentionVariants();

@@ -100,8 +100,8 @@ class DeviceArray {
   size_t bytes() const { return bytes_; }
   void Upload(const void* src) { cudaMemcpy(get(), src, bytes_, cudaMemcpyHostToDevice); }
   void Download(void* dst) const { cudaMemcpy(dst, get(), bytes_, cudaMemcpyDeviceToHost); }
-  // Fills with 0xFF bytes: NaN in every float dtype.
-  void Poison() { cudaMemset(get(), 0xFF, bytes_); }
+  // Fills with `byte` (by default 0xFF: NaN in every float dtype).
+  void Poison(uint8_t byte = 0xFF) { cudaMemset(get(), byte, bytes_); }
 
  private:
   void* base_ = nullptr;

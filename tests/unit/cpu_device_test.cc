@@ -607,6 +607,51 @@ TEST(CpuAttention, RowsWithoutKeysAreZeroWithMinusInfLse) {
   }
 }
 
+TEST(CpuAttention, NanScoresMakeNanRowsNotEmptyOnes) {
+  // Causal, 9 query rows against 20 keys (row i sees keys 0..i+11). A NaN in
+  // key 15 of the one kv head reaches rows 4-8 of both heads; a NaN in row 2
+  // of head 1's Q reaches that row alone. Those rows are NaN (O and LSE), as
+  // in float64 and PyTorch's SDPA; the others are what the same inputs
+  // without the NaNs give, bit for bit.
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(DTypeTag(dtype));
+    testing::AttentionCase a = testing::MakeAttention(dtype, 1, 2, 1, 9, 20, 64, true);
+    auto run = [&](const testing::AttentionCase& c, std::vector<double>* o,
+                   std::vector<float>* lse) {
+      HostTensor out = testing::FilledTensor(dtype, c.spec.out_shape, 0xff);
+      lse->assign(2 * 9, 0.0f);
+      ASSERT_TRUE(
+          SharedDevice().Attention(c.spec, {0, 2}, {0, 9}, out.mutable_data(), lse->data()).ok());
+      *o = testing::Doubles(out);
+    };
+    std::vector<double> clean_o, o;
+    std::vector<float> clean_lse, lse;
+    run(a, &clean_o, &clean_lse);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    testing::SetElement(a.k, 15 * 64 + 5, nan);
+    testing::SetElement(a.q, (9 + 2) * 64 + 0, nan);
+    run(a, &o, &lse);
+    const reference::AttentionResult want = a.Reference();
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 9; ++i) {
+        const size_t row = size_t(h * 9 + i);
+        const bool poisoned = i >= 4 || (h == 1 && i == 2);
+        EXPECT_EQ(std::isnan(want.lse[row]), poisoned) << "reference row " << row;
+        EXPECT_EQ(std::isnan(lse[row]), poisoned) << "row " << row;
+        if (!poisoned) EXPECT_EQ(lse[row], clean_lse[row]) << "row " << row;
+        for (int64_t d = 0; d < 64; ++d) {
+          const size_t e = row * 64 + size_t(d);
+          if (poisoned) {
+            ASSERT_TRUE(std::isnan(o[e])) << "row " << row << " col " << d;
+          } else {
+            ASSERT_EQ(o[e], clean_o[e]) << "row " << row << " col " << d;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuAttention, QueryRowShardsCoverTheWhole) {
   testing::AttentionCase a = testing::MakeAttention(DType::kBFloat16, 1, 1, 1, 100, 70, 64, true);
   HostTensor out = HostTensor::Allocate(DType::kBFloat16, a.spec.out_shape);

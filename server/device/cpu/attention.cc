@@ -157,16 +157,15 @@ void AttentionBlock(const AttentionSpec& s, int64_t bh, int64_t i0, int64_t i1, 
       const int64_t valid = r < br ? std::clamp<int64_t>(visible_end(i0 + r) - j0, 0, jn) : 0;
       float block_max = kNegInf;
       for (int64_t j = 0; j < valid; ++j) block_max = std::max(block_max, p[j]);
+      // std::max passes a NaN score by; exp of it makes the sum NaN, and
+      // the row comes out NaN (as PyTorch's SDPA gives it), not empty. A
+      // row that has seen only -inf keeps m = -inf and takes 0 as its offset.
       const float m_new = std::max(w.m[r], block_max);
-      if (m_new == kNegInf) {
-        std::fill(p, p + kKeyBlock, 0.0f);
-        w.correction[r] = 1.0f;
-        continue;
-      }
-      const float correction = std::exp(w.m[r] - m_new);
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;
+      const float correction = std::exp(w.m[r] - m_use);
       float sum = 0.0f;
       for (int64_t j = 0; j < valid; ++j) {
-        p[j] = std::exp(p[j] - m_new);
+        p[j] = std::exp(p[j] - m_use);
         sum += p[j];
       }
       std::fill(p + valid, p + kKeyBlock, 0.0f);
@@ -179,12 +178,13 @@ void AttentionBlock(const AttentionSpec& s, int64_t bh, int64_t i0, int64_t i1, 
   const DType out_dtype = s.options.output_dtype;
   for (int64_t r = 0; r < br; ++r) {
     float* orow = w.o.data() + r * d;
-    const bool has_keys = w.l[r] > 0.0f;
+    const bool has_keys = w.l[r] != 0.0f;  // 0: no key seen; NaN: a NaN score
     const float inv = has_keys ? 1.0f / w.l[r] : 0.0f;
     for (int64_t c = 0; c < d_in; ++c) orow[c] = has_keys ? orow[c] * inv : 0.0f;
     FromFloat(out_dtype, orow, ElementAt(o_out, out_dtype, (bh * sq + i0 + r) * d_in), d_in);
     if (lse_out != nullptr) {
-      lse_out[bh * sq + i0 + r] = has_keys ? w.m[r] + std::log(w.l[r]) : kNegInf;
+      const float m = w.m[r] == kNegInf ? 0.0f : w.m[r];
+      lse_out[bh * sq + i0 + r] = has_keys ? m + std::log(w.l[r]) : kNegInf;
     }
   }
 }

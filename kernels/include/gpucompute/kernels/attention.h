@@ -16,7 +16,9 @@
 // heads_q must be a multiple of heads_kv (grouped-query / multi-query
 // attention: query head h reads key/value head h / (heads_q / heads_kv)).
 // The causal mask is aligned to the bottom-right corner: query i sees key j iff
-// j <= i + seq_kv - seq_q. A row that sees no key yields O = 0 and lse = -inf.
+// j <= i + seq_kv - seq_q. A row that sees no key yields O = 0 and lse = -inf;
+// a row with a NaN logit among the keys it sees (a NaN or infinite element of
+// its Q or of a visible K) yields NaN O and lse, as PyTorch's SDPA does.
 // fp32 inputs are converted on load; every version accumulates in fp32. The
 // flash versions take head_dim a multiple of 8 up to 256 (their tiles are 64,
 // 128 or 256 wide, zero past head_dim); the reference takes any.
